@@ -1,0 +1,135 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+
+	"github.com/syncgate/syncgate/frames"
+)
+
+// MutationPublish is the mutate name of [Client.Publish].
+const MutationPublish = "publish"
+
+// publishInput is the input of a publish mutate.
+type publishInput struct {
+	Topic string          `json:"topic"`
+	Data  json.RawMessage `json:"data"`
+}
+
+// Publish publishes data (a JSON value) to topic and waits for the ack. It
+// returns the ack's lsn ("" if the server gave none), or a *frames.Error if
+// the ack carries an error.
+//
+// If ctx ends first, Publish returns ctx.Err(); the message may still be
+// published, and its ack goes to [Options.OnFrame].
+func (c *Client) Publish(ctx context.Context, topic string, data json.RawMessage) (lsn string, err error) {
+	input, err := json.Marshal(publishInput{Topic: topic, Data: data})
+	if err != nil {
+		return "", fmt.Errorf("client: publish input: %w", err)
+	}
+	ack, err := c.Mutate(ctx, MutationPublish, input)
+	if err != nil {
+		return "", err
+	}
+	return ackLSN(ack), nil
+}
+
+// PublishAsync publishes data to topic without waiting for the ack, so many
+// publishes may be in flight. It returns once the mutate is written; done
+// is then called exactly once from the read loop, in ack order, with the
+// ack's lsn or error (a *frames.Error, or the connection's error if it ends
+// first). If PublishAsync returns an error, done is never called. done must
+// not block for long (see the package doc).
+//
+// ctx bounds only the wait for the write lock. PublishAsync may be called
+// from many goroutines; seqs go on the wire in the order the calls take the
+// write lock.
+func (c *Client) PublishAsync(ctx context.Context, topic string, data json.RawMessage, done func(lsn string, err error)) error {
+	input, err := json.Marshal(publishInput{Topic: topic, Data: data})
+	if err != nil {
+		return fmt.Errorf("client: publish input: %w", err)
+	}
+	_, _, err = c.sendMutate(ctx, MutationPublish, input, func(a *frames.Ack, err error) {
+		if err == nil {
+			err = ackError(a)
+		}
+		if err != nil {
+			done("", err)
+			return
+		}
+		done(ackLSN(a), nil)
+	})
+	return err
+}
+
+// Mutate runs the mutation name with input (a JSON value) and waits for the
+// ack. The Client assigns the key and seq. If the ack carries an error,
+// Mutate returns the ack together with that error as a *frames.Error.
+//
+// If ctx ends first, Mutate returns ctx.Err(); the mutation may still be
+// applied, and its ack goes to [Options.OnFrame].
+func (c *Client) Mutate(ctx context.Context, name string, input json.RawMessage) (*frames.Ack, error) {
+	type result struct {
+		ack *frames.Ack
+		err error
+	}
+	resc := make(chan result, 1)
+	key, w, err := c.sendMutate(ctx, name, input, func(a *frames.Ack, err error) {
+		resc <- result{a, err}
+	})
+	if err != nil {
+		return nil, err
+	}
+	var r result
+	select {
+	case r = <-resc:
+	case <-ctx.Done():
+		if c.removeWaiter(key, w) {
+			return nil, ctx.Err()
+		}
+		r = <-resc // answered meanwhile
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	return r.ack, ackError(r.ack)
+}
+
+// sendMutate assigns the next seq and its key, registers fn as the ack
+// waiter and writes the mutate, all under the write lock, so seqs reach the
+// wire in order. If it returns an error, fn is never called.
+func (c *Client) sendMutate(ctx context.Context, name string, input json.RawMessage, fn func(*frames.Ack, error)) (key string, w *waiter, err error) {
+	if err := c.lockWrite(ctx); err != nil {
+		return "", nil, err
+	}
+	defer c.unlockWrite()
+
+	seq := c.seq
+	key = c.keyPrefix + strconv.FormatInt(seq, 10)
+	msg, err := c.encodeLocked(&frames.Mutate{Key: key, Seq: seq, Name: name, Input: input})
+	if err != nil {
+		return "", nil, err // seq not used
+	}
+	w = &waiter{fn: fn}
+	if err := c.addWaiter(key, w); err != nil {
+		return "", nil, err
+	}
+	// From here the seq counts as sent: a failed write ends the connection.
+	c.seq++
+	if err := c.writeLocked(msg); err != nil && c.removeWaiter(key, w) {
+		return "", nil, err
+	}
+	// Written, or the write failed but the connection's end already
+	// claimed the waiter: fn reports the outcome either way.
+	return key, w, nil
+}
+
+// ackLSN returns the ack's lsn, or "".
+func ackLSN(a *frames.Ack) string {
+	if a.LSN == nil {
+		return ""
+	}
+	return *a.LSN
+}

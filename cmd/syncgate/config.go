@@ -1,0 +1,248 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/syncgate/syncgate/gateway"
+)
+
+// config is everything `syncgate serve` is told.
+type config struct {
+	Addr            string
+	DataDir         string
+	LogFormat       string
+	LogLevel        slog.Level
+	ShutdownTimeout time.Duration
+	Gateway         gateway.Config
+}
+
+// setting is one knob: a flag, its environment variable, and its key in the
+// YAML config file (the flag's name).
+type setting struct {
+	name  string // flag name and YAML key
+	env   string
+	def   string
+	usage string
+	set   func(c *config, v string) error
+}
+
+func durationSetting(p func(*config) *time.Duration) func(*config, string) error {
+	return func(c *config, v string) error {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return fmt.Errorf("want a duration like 500ms or 10s, got %q", v)
+		}
+		*p(c) = d
+		return nil
+	}
+}
+
+func intSetting(p func(*config) *int) func(*config, string) error {
+	return func(c *config, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("want a positive integer, got %q", v)
+		}
+		*p(c) = n
+		return nil
+	}
+}
+
+var settings = []setting{
+	{"addr", "SYNCGATE_ADDR", "127.0.0.1:8080", "listen address (host:port)",
+		func(c *config, v string) error { c.Addr = v; return nil }},
+	{"data-dir", "SYNCGATE_DATA_DIR", "./data", "directory for durable data (the stream log, when enabled)",
+		func(c *config, v string) error { c.DataDir = v; return nil }},
+	{"build-id", "SYNCGATE_BUILD_ID", "", "current app build id, sent in hello",
+		func(c *config, v string) error { c.Gateway.BuildID = v; return nil }},
+	{"hello-timeout", "SYNCGATE_HELLO_TIMEOUT", "10s", "time a new connection has to send hello (else close 1008)",
+		durationSetting(func(c *config) *time.Duration { return &c.Gateway.HelloTimeout })},
+	{"max-frame", "SYNCGATE_MAX_FRAME", "65536", "largest client message in bytes (else close 1009)",
+		func(c *config, v string) error {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 256 {
+				return fmt.Errorf("want an integer of at least 256, got %q", v)
+			}
+			c.Gateway.MaxFrameBytes = n
+			return nil
+		}},
+	{"max-batch", "SYNCGATE_MAX_BATCH", "65536", "largest batched server message in bytes",
+		intSetting(func(c *config) *int { return &c.Gateway.MaxBatchBytes })},
+	{"send-queue-messages", "SYNCGATE_SEND_QUEUE_MESSAGES", "4096", "frames queued per session before it is closed as a slow consumer (4001)",
+		intSetting(func(c *config) *int { return &c.Gateway.SendQueueMessages })},
+	{"send-queue-bytes", "SYNCGATE_SEND_QUEUE_BYTES", "4194304", "bytes queued per session before it is closed as a slow consumer (4001)",
+		intSetting(func(c *config) *int { return &c.Gateway.SendQueueBytes })},
+	{"write-timeout", "SYNCGATE_WRITE_TIMEOUT", "10s", "deadline for every network write",
+		durationSetting(func(c *config) *time.Duration { return &c.Gateway.WriteTimeout })},
+	{"ping-interval", "SYNCGATE_PING_INTERVAL", "25s", "how often each session is pinged",
+		durationSetting(func(c *config) *time.Duration { return &c.Gateway.PingInterval })},
+	{"pong-timeout", "SYNCGATE_PONG_TIMEOUT", "10s", "close a session whose pong is this late (4002)",
+		durationSetting(func(c *config) *time.Duration { return &c.Gateway.PongTimeout })},
+	{"max-subscriptions", "SYNCGATE_MAX_SUBSCRIPTIONS", "128", "active subscriptions per session",
+		intSetting(func(c *config) *int { return &c.Gateway.MaxSubscriptions })},
+	{"allowed-origins", "SYNCGATE_ALLOWED_ORIGINS", "", "comma-separated Origin host patterns allowed besides the request's own host (e.g. app.example.com,*.example.com)",
+		func(c *config, v string) error {
+			c.Gateway.AllowedOrigins = nil
+			for _, o := range strings.Split(v, ",") {
+				if o = strings.TrimSpace(o); o != "" {
+					if strings.Contains(o, "://") {
+						return fmt.Errorf("want host patterns without a scheme, got %q", o)
+					}
+					c.Gateway.AllowedOrigins = append(c.Gateway.AllowedOrigins, o)
+				}
+			}
+			return nil
+		}},
+	{"shutdown-timeout", "SYNCGATE_SHUTDOWN_TIMEOUT", "15s", "time sessions get to close on SIGINT/SIGTERM before they are cut",
+		durationSetting(func(c *config) *time.Duration { return &c.ShutdownTimeout })},
+	{"log-format", "SYNCGATE_LOG_FORMAT", "text", "log format: text or json",
+		func(c *config, v string) error {
+			if v != "text" && v != "json" {
+				return fmt.Errorf("want text or json, got %q", v)
+			}
+			c.LogFormat = v
+			return nil
+		}},
+	{"log-level", "SYNCGATE_LOG_LEVEL", "info", "log level: debug, info, warn or error",
+		func(c *config, v string) error { return c.LogLevel.UnmarshalText([]byte(v)) }},
+}
+
+// parseConfig builds the config from, in rising precedence: defaults, the
+// YAML file named by -config / SYNCGATE_CONFIG, environment, flags.
+func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
+	c := &config{}
+	for _, s := range settings {
+		if err := s.set(c, s.def); err != nil {
+			panic("bad default for " + s.name + ": " + err.Error())
+		}
+	}
+	fs := flag.NewFlagSet("syncgate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var flagged []func() error
+	configPath := getenv("SYNCGATE_CONFIG")
+	fs.Func("config", "optional YAML config file with the same keys as these flags (env: SYNCGATE_CONFIG)", func(v string) error {
+		configPath = v
+		return nil
+	})
+	for _, s := range settings {
+		fs.Func(s.name, fmt.Sprintf("%s (env: %s, default %q)", s.usage, s.env, s.def), func(v string) error {
+			flagged = append(flagged, func() error {
+				if err := s.set(c, v); err != nil {
+					return fmt.Errorf("flag -%s: %w", s.name, err)
+				}
+				return nil
+			})
+			return nil
+		})
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, errUsage // the flag package has printed why
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if configPath != "" {
+		if err := loadYAML(c, configPath); err != nil {
+			return nil, err
+		}
+	}
+	for _, s := range settings {
+		if v, ok := lookupEnv(getenv, s.env); ok {
+			if err := s.set(c, v); err != nil {
+				return nil, fmt.Errorf("environment %s: %w", s.env, err)
+			}
+		}
+	}
+	for _, apply := range flagged {
+		if err := apply(); err != nil {
+			return nil, err
+		}
+	}
+	return c, c.validate()
+}
+
+// lookupEnv treats an empty variable as unset.
+func lookupEnv(getenv func(string) string, name string) (string, bool) {
+	v := getenv(name)
+	return v, v != ""
+}
+
+func loadYAML(c *config, path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("config file: %w", err)
+	}
+	var m map[string]any
+	if err := yaml.Unmarshal(b, &m); err != nil {
+		return fmt.Errorf("config file %s: %w", path, err)
+	}
+	byName := map[string]setting{}
+	for _, s := range settings {
+		byName[s.name] = s
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		s, ok := byName[k]
+		if !ok {
+			return fmt.Errorf("config file %s: unknown key %q (keys are the flag names, e.g. addr, hello-timeout)", path, k)
+		}
+		v, err := yamlScalar(m[k])
+		if err == nil {
+			err = s.set(c, v)
+		}
+		if err != nil {
+			return fmt.Errorf("config file %s: key %s: %w", path, k, err)
+		}
+	}
+	return nil
+}
+
+// yamlScalar turns a YAML value into the string a flag would take; a list
+// becomes a comma-separated string.
+func yamlScalar(v any) (string, error) {
+	switch v := v.(type) {
+	case string:
+		return v, nil
+	case int, int64, uint64, float64, bool:
+		return fmt.Sprint(v), nil
+	case nil:
+		return "", nil
+	case []any:
+		parts := make([]string, len(v))
+		for i, e := range v {
+			s, err := yamlScalar(e)
+			if err != nil {
+				return "", err
+			}
+			parts[i] = s
+		}
+		return strings.Join(parts, ","), nil
+	}
+	return "", fmt.Errorf("want a scalar or a list, got %T", v)
+}
+
+func (c *config) validate() error {
+	if c.Addr == "" {
+		return errors.New("addr (SYNCGATE_ADDR) must not be empty")
+	}
+	if int64(c.Gateway.SendQueueBytes) < c.Gateway.MaxFrameBytes {
+		return fmt.Errorf("send-queue-bytes (SYNCGATE_SEND_QUEUE_BYTES=%d) must be at least max-frame (SYNCGATE_MAX_FRAME=%d)",
+			c.Gateway.SendQueueBytes, c.Gateway.MaxFrameBytes)
+	}
+	return nil
+}

@@ -1,0 +1,66 @@
+// Command syncgate runs the syncgate realtime sync gateway.
+//
+//	syncgate [serve] [flags]   run the gateway (the default)
+//	syncgate version           print the version
+//	syncgate bench ...         load-test a running gateway
+//
+// Every setting is a flag, an environment variable and a key of the optional
+// YAML config file; see `syncgate -h` and docs/config in the README.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+)
+
+// version is set at build time with -ldflags "-X main.version=…".
+var version = ""
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, errUsage) {
+			fmt.Fprintln(os.Stderr, "syncgate:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+// errUsage means the usage text was already printed.
+var errUsage = errors.New("usage")
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	cmd := "serve"
+	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "serve":
+		return serve(ctx, args, getenv, stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, "syncgate", versionString())
+		return nil
+	case "bench":
+		return bench(ctx, args, stdout, stderr)
+	default:
+		fmt.Fprintf(stderr, "syncgate: unknown command %q; commands: serve (default), version, bench\n", cmd)
+		return errUsage
+	}
+}
+
+func versionString() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
+}

@@ -1,0 +1,234 @@
+package fanout
+
+import (
+	"context"
+	"errors"
+	"hash/maphash"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// HubConfig configures a [Hub]. The zero value is ready to use.
+type HubConfig struct {
+	// Shards is the number of topic shards; each has its own lock.
+	// Zero or negative means 64.
+	Shards int
+
+	// Now is the clock for Message.At. Nil means time.Now.
+	Now func() time.Time
+}
+
+// defaultShards is HubConfig.Shards' default, as in centrifuge's hub.
+const defaultShards = 64
+
+// errNilSubscriber is returned by Subscribe for a nil Subscriber, which
+// would otherwise panic later on a publisher's goroutine.
+var errNilSubscriber = errors.New("fanout: nil subscriber")
+
+// Hub is the in-process [Transport]: a topic→subscribers index split into
+// shards by a hash of the topic.
+//
+// All methods may be called concurrently. Publish delivers synchronously: it
+// calls every subscriber's Deliver on the caller's goroutine, under the read
+// lock of the topic's shard, and returns when all have been called. So
+// publishers to topics of different shards never contend, publishers to the
+// same shard share its lock, and Subscribe and Unsubscribe wait for the
+// Publish calls in progress on their shard. Holding the read lock across
+// delivery is what makes "no Deliver after Unsubscribe returns" true, and is
+// why Deliver must not block or call back into the Hub: Subscribe or
+// Unsubscribe from Deliver deadlocks on its own shard, and Publish from
+// Deliver can deadlock behind a waiting Subscribe.
+//
+// Publish allocates one [Message] per publication with subscribers and
+// nothing for a topic without subscribers.
+type Hub struct {
+	// Static after construction.
+	seed   maphash.Seed
+	now    func() time.Time
+	shards []shard
+
+	// closed is set by Close before it empties the shards. Subscribe and
+	// Publish read it while holding their shard's lock, so nothing is added
+	// to or delivered from a shard after Close has emptied it.
+	closed atomic.Bool
+}
+
+var _ Transport = (*Hub)(nil)
+
+// shard is one lock's worth of topics, padded to its own cache lines so
+// publishers read-locking neighbouring shards do not share a line.
+type shard struct {
+	shardState
+	_ [shardPad - unsafe.Sizeof(shardState{})%shardPad]byte
+}
+
+// shardPad covers two 64-byte lines: x86 prefetches lines in pairs.
+const shardPad = 128
+
+type shardState struct {
+	mu sync.RWMutex
+	// Guarded by mu. A topic has an entry only while it has at least one
+	// subscriber. The slices are mutated in place under the write lock:
+	// readers (Publish) iterate them only while holding the read lock, so
+	// copy-on-write would buy nothing and would cost a full copy per
+	// Subscribe, which is O(N²) garbage when N sessions rejoin a hot topic.
+	topics map[string][]Subscriber
+}
+
+// NewHub returns an empty Hub. Close it when done.
+func NewHub(cfg HubConfig) *Hub {
+	n := cfg.Shards
+	if n <= 0 {
+		n = defaultShards
+	}
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
+	}
+	h := &Hub{
+		seed:   maphash.MakeSeed(),
+		now:    now,
+		shards: make([]shard, n),
+	}
+	for i := range h.shards {
+		h.shards[i].topics = make(map[string][]Subscriber)
+	}
+	return h
+}
+
+// shard returns topic's shard. The seed is per hub, so clients choosing
+// topic names cannot aim them all at one shard.
+func (h *Hub) shard(topic string) *shard {
+	return &h.shards[maphash.String(h.seed, topic)%uint64(len(h.shards))]
+}
+
+// Publish calls Deliver, on the caller's goroutine, for every current
+// subscriber of topic with one shared [Message] that holds data (not a
+// copy): the caller must not modify data afterwards. It returns ctx.Err()
+// if ctx is already cancelled, [net.ErrClosed] after Close, and nil
+// otherwise, including when topic has no subscribers.
+func (h *Hub) Publish(ctx context.Context, topic string, data []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	sh := h.shard(topic)
+	sh.mu.RLock()
+	defer sh.mu.RUnlock() // deferred so a panicking Deliver does not wedge the shard
+	if h.closed.Load() {
+		return net.ErrClosed
+	}
+	subs := sh.topics[topic]
+	if len(subs) == 0 {
+		return nil
+	}
+	m := &Message{Topic: topic, Data: data, At: h.now()}
+	for _, s := range subs {
+		s.Deliver(m)
+	}
+	return nil
+}
+
+// Subscribe adds s to topic's subscribers; subscribing it again is a no-op.
+// It waits for Publish calls in progress on topic's shard, costs O(number
+// of subscribers of topic), and returns ctx.Err() if ctx is already
+// cancelled and [net.ErrClosed] after Close.
+func (h *Hub) Subscribe(ctx context.Context, topic string, s Subscriber) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if s == nil {
+		return errNilSubscriber
+	}
+	sh := h.shard(topic)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if h.closed.Load() {
+		return net.ErrClosed
+	}
+	subs := sh.topics[topic]
+	for _, x := range subs {
+		if x == s {
+			return nil
+		}
+	}
+	sh.topics[topic] = append(subs, s)
+	return nil
+}
+
+// Unsubscribe removes s from topic's subscribers and drops the topic when
+// s was its last one. When it returns, no Deliver to s for topic is running
+// or will start. It waits for Publish calls in progress on topic's shard
+// and costs O(number of subscribers of topic).
+//
+// Unsubscribe never fails: an unknown (topic, s) is a no-op and ctx is
+// ignored, because the gateway unsubscribes while tearing down a session
+// whose context is usually already cancelled.
+func (h *Hub) Unsubscribe(_ context.Context, topic string, s Subscriber) error {
+	sh := h.shard(topic)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	subs := sh.topics[topic]
+	i := -1
+	for j, x := range subs {
+		if x == s {
+			i = j
+			break
+		}
+	}
+	switch {
+	case i < 0:
+		return nil
+	case len(subs) == 1:
+		delete(sh.topics, topic)
+		return nil
+	}
+	// Order among subscribers does not matter: move the last one into i.
+	last := len(subs) - 1
+	subs[i] = subs[last]
+	subs[last] = nil // let s be collected
+	subs = subs[:last]
+	// Give back the memory of a topic that was hot and has cooled down.
+	if cap(subs) > 64 && len(subs) < cap(subs)/4 {
+		subs = append(make([]Subscriber, 0, 2*len(subs)), subs...)
+	}
+	sh.topics[topic] = subs
+	return nil
+}
+
+// Topics returns the number of topics with at least one subscriber. It
+// locks each shard in turn, so it is meant for metrics, not hot paths.
+func (h *Hub) Topics() int {
+	n := 0
+	for i := range h.shards {
+		sh := &h.shards[i]
+		sh.mu.RLock()
+		n += len(sh.topics)
+		sh.mu.RUnlock()
+	}
+	return n
+}
+
+// Subscribers returns the number of subscribers of topic.
+func (h *Hub) Subscribers(topic string) int {
+	sh := h.shard(topic)
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	return len(sh.topics[topic])
+}
+
+// Close drops every subscription. After it returns no Deliver is running
+// or will start, Publish and Subscribe return [net.ErrClosed], and
+// Unsubscribe is a no-op. Close is idempotent and always returns nil.
+func (h *Hub) Close() error {
+	h.closed.Store(true)
+	for i := range h.shards {
+		sh := &h.shards[i]
+		sh.mu.Lock()
+		sh.topics = nil // Subscribe checks closed before adding; Unsubscribe finds nothing
+		sh.mu.Unlock()
+	}
+	return nil
+}

@@ -1,0 +1,136 @@
+package frames
+
+import (
+	"encoding/json"
+	"testing"
+)
+
+func lineOf(name string) []byte {
+	for _, l := range validLines {
+		if l.name == name {
+			return []byte(l.line)
+		}
+	}
+	panic("no line " + name)
+}
+
+func BenchmarkDecode_Mutate(b *testing.B) {
+	line := lineOf("mutate/publish")
+	b.ReportAllocs()
+	b.SetBytes(int64(len(line)))
+	for b.Loop() {
+		if _, err := Decode(line); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkDecode_Subscribe(b *testing.B) {
+	line := lineOf("subscribe/topic")
+	b.ReportAllocs()
+	b.SetBytes(int64(len(line)))
+	for b.Loop() {
+		if _, err := Decode(line); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkDecode_Mutate_stdMap is the baseline Decode replaced: one
+// encoding/json unmarshal into a map, before any field checks.
+func BenchmarkDecode_Mutate_stdMap(b *testing.B) {
+	line := lineOf("mutate/publish")
+	b.ReportAllocs()
+	b.SetBytes(int64(len(line)))
+	for b.Loop() {
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(line, &m); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkEncode_Ack(b *testing.B) {
+	lsn := FormatOffset(0, 43)
+	ack := &Ack{Ref: "m-5c1e", LSN: &lsn}
+	buf := make([]byte, 0, 256)
+	b.ReportAllocs()
+	for b.Loop() {
+		var err error
+		if buf, err = AppendEncode(buf[:0], ack); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkEncode_Ack_std is the same ack through encoding/json.
+func BenchmarkEncode_Ack_std(b *testing.B) {
+	lsn := FormatOffset(0, 43)
+	ack := &Ack{Ref: "m-5c1e", LSN: &lsn}
+	buf := make([]byte, 0, 256)
+	b.ReportAllocs()
+	for b.Loop() {
+		var err error
+		if buf, err = appendReflect(buf[:0], ack); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// benchPatch is one insert of a topic message with a ~100 byte row.
+func benchPatch() ([]PatchOp, string) {
+	lsn := FormatOffset(0, 43)
+	row := json.RawMessage(`{"id":"` + lsn + `","data":{"text":"hello, world"},"actorId":null,"at":1767225600200}`)
+	return []PatchOp{{Op: PatchInsert, ID: lsn, Row: row, LSN: lsn}}, lsn
+}
+
+func BenchmarkAppendPatchBody(b *testing.B) {
+	ops, lsn := benchPatch()
+	buf := make([]byte, 0, 512)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(ops[0].Row)))
+	for b.Loop() {
+		var err error
+		if buf, err = AppendPatchBody(buf[:0], ops, lsn); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkAppendPatchBody_std encodes the whole patch through
+// encoding/json, for comparison.
+func BenchmarkAppendPatchBody_std(b *testing.B) {
+	ops, lsn := benchPatch()
+	p := &Patch{SID: "s1", Patches: ops, LSN: lsn}
+	buf := make([]byte, 0, 512)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(ops[0].Row)))
+	for b.Loop() {
+		var err error
+		if buf, err = appendReflect(buf[:0], p); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkAppendPatchPrefix(b *testing.B) {
+	buf := make([]byte, 0, 64)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = AppendPatchPrefix(buf[:0], "sub-42")
+	}
+}
+
+func BenchmarkEncode_Hello(b *testing.B) {
+	f, err := Decode(lineOf("hello/server"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	buf := make([]byte, 0, 256)
+	b.ReportAllocs()
+	for b.Loop() {
+		if buf, err = AppendEncode(buf[:0], f); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,181 @@
+package frames
+
+import (
+	"bytes"
+	"encoding/json"
+	"math/big"
+	"reflect"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+// malformedSeeds are broken frames for the fuzzers to start from.
+var malformedSeeds = []string{
+	``, `{}`, `[]`, `null`, `{"type":"hello"}`, `{"type":"nope","v":1}`,
+	`{"type":"mutate","v":1,"key":"k","seq":-1,"name":"n","input":null}`,
+	`{"type":"subscribe","v":1,"op":"add","sid":"s","target":{"kind":"topic","topic":"t","cursor":{"qid":"q","lsn":"1_2","digest":"","ids":[1],"count":0,"at":0}}}`,
+	`{"type":"snapshot","v":1,"sid":"s","rows":[{"id":1}],"cursor":{}}`,
+	"{\"type\":\"ack\",\"v\":1,\"ref\":\"\xff\"}",
+	`{"type":"reconnect","v":1e0,"afterMs":1.5,"reason":"drain"}`,
+	`{"\u0074ype":"update-available","v":1,"buildId":"\ud800"}`,
+	`{"type":"mutate","v":1,"key":"k","seq":0,"name":"n","input":[[[[{"a":  1 }]]]]}`,
+}
+
+func FuzzDecode(f *testing.F) {
+	for _, l := range validLines {
+		f.Add([]byte(l.line))
+	}
+	for _, s := range malformedSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, line []byte) {
+		fr, err := Decode(line)
+		if err != nil {
+			fe := asError(t, err)
+			if fe.Code == "" || fe.Cause == "" || fe.Fix == "" {
+				t.Fatalf("incomplete error: %#v", fe)
+			}
+			if fe.Code != CodeBadFrame && !json.Valid(line) {
+				t.Fatalf("invalid JSON reported as %s", fe.Code)
+			}
+			ack := mustEncode(t, &Ack{Ref: fe.Ref, Error: fe.Body()})
+			checkWire(t, ack, TypeAck)
+			return
+		}
+		if !json.Valid(line) || !utf8.Valid(line) {
+			t.Fatalf("Decode accepted invalid input %q", line)
+		}
+		e1 := mustEncode(t, fr)
+		checkWire(t, e1, fr.FrameType())
+		if !json.Valid(e1) {
+			t.Fatalf("Encode wrote invalid JSON: %s", e1)
+		}
+		fr2, err := Decode(e1)
+		if err != nil {
+			t.Fatalf("Decode(Encode(Decode(x))) failed: %v\nx:  %q\ne1: %s", err, line, e1)
+		}
+		if !reflect.DeepEqual(fr, fr2) {
+			t.Fatalf("decoded frames differ:\n %#v\n %#v", fr, fr2)
+		}
+		if e2 := mustEncode(t, fr2); !bytes.Equal(e1, e2) {
+			t.Fatalf("encoding not stable:\n%s\n%s", e1, e2)
+		}
+	})
+}
+
+// FuzzSplit checks that a message splits into the same lines as its two
+// halves cut at a line boundary, and that no line holds '\n' or is blank.
+func FuzzSplit(f *testing.F) {
+	f.Add([]byte(validLines[0].line+"\n"+validLines[1].line), 10)
+	f.Add([]byte("a\r\n\r\n b\n\n"), 3)
+	f.Add([]byte(""), 0)
+	f.Fuzz(func(t *testing.T, msg []byte, cut int) {
+		lines := func(b []byte) []string {
+			var out []string
+			Split(b, func(line []byte) bool {
+				if bytes.IndexByte(line, '\n') >= 0 || isBlank(line) {
+					t.Fatalf("bad line %q", line)
+				}
+				out = append(out, string(line))
+				return true
+			})
+			return out
+		}
+		whole := lines(msg)
+		if cut < 0 {
+			cut = -cut
+		}
+		if len(msg) > 0 {
+			cut %= len(msg) + 1
+		} else {
+			cut = 0
+		}
+		if i := bytes.IndexByte(msg[cut:], '\n'); i >= 0 {
+			cut += i + 1 // move to the start of the next line
+		} else {
+			cut = len(msg)
+		}
+		halves := append(lines(msg[:cut]), lines(msg[cut:])...)
+		if len(whole) != len(halves) || len(whole) > 0 && !reflect.DeepEqual(whole, halves) {
+			t.Fatalf("whole %q, halves %q", whole, halves)
+		}
+		var n int
+		Split(msg, func([]byte) bool { n++; return false })
+		if n > 1 {
+			t.Fatalf("Split went on after false")
+		}
+	})
+}
+
+// FuzzJSON compares the package's JSON reader with encoding/json.
+func FuzzJSON(f *testing.F) {
+	for _, l := range validLines {
+		f.Add([]byte(l.line))
+	}
+	for _, s := range malformedSeeds {
+		f.Add([]byte(s))
+	}
+	for _, s := range []string{`"a\u00e9\ud83d\ude00\ud800\udc00\udc00x"`, `1.5e3`, `-0.0`, `[1 , {"a" : "b c"} ]`, `"\/\b\f"`, "\"\x01\"", `01`, `1.`, `-`, `1e`, `tru`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ok, _ := validate(b)
+		if want := json.Valid(b); ok != want {
+			t.Fatalf("validate(%q) = %v, json.Valid = %v", b, ok, want)
+		}
+		if !ok {
+			return
+		}
+		var std bytes.Buffer
+		if err := json.Compact(&std, b); err != nil {
+			t.Fatal(err)
+		}
+		if got := appendCompact(nil, b); !bytes.Equal(got, std.Bytes()) {
+			t.Fatalf("appendCompact = %q, json.Compact = %q", got, std.Bytes())
+		}
+		v := bytes.TrimSpace(b)
+		if got := needsCompact(v); !got && !bytes.Equal(v, std.Bytes()) {
+			t.Fatalf("needsCompact(%q) = false, but compacting changes it", v)
+		}
+		switch c := v[0]; {
+		case c == '"' && utf8.Valid(v): // Decode checks UTF-8 first
+			var s string
+			if err := json.Unmarshal(v, &s); err != nil {
+				t.Fatal(err)
+			}
+			if got := unquote(v); got != s {
+				t.Fatalf("unquote(%s) = %q, encoding/json %q", v, got, s)
+			}
+		case c == '-' || isDigit(c):
+			checkParseInt(t, string(v))
+		}
+	})
+}
+
+// checkParseInt compares parseInt with exact rational arithmetic.
+func checkParseInt(t *testing.T, tok string) {
+	if i := strings.IndexAny(tok, "eE"); i >= 0 && len(strings.TrimLeft(tok[i+1:], "+-0")) > 3 {
+		return // big.Rat would build a huge power of ten
+	}
+	r, ok := new(big.Rat).SetString(tok)
+	if !ok {
+		t.Fatalf("big.Rat rejects %s", tok)
+	}
+	want := r.IsInt() && r.Num().IsInt64()
+	got, gotOK := parseInt([]byte(tok))
+	if gotOK != want || want && got != r.Num().Int64() {
+		t.Fatalf("parseInt(%s) = %d, %v; exact value %s", tok, got, gotOK, r.RatString())
+	}
+}
+
+func FuzzAppendString(f *testing.F) {
+	for _, s := range []string{"", tricky, "\xff", "\u2028"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := string(appendString(nil, s)), stdString(t, s); got != want {
+			t.Fatalf("appendString(%q) = %s, encoding/json %s", s, got, want)
+		}
+	})
+}

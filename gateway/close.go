@@ -1,0 +1,54 @@
+package gateway
+
+import "github.com/coder/websocket"
+
+// closeReason says why a session ended. It picks the close code and text
+// sent to the client and labels syncgate_closes_total.
+type closeReason int
+
+const (
+	reasonNone          closeReason = iota
+	reasonClientClosed              // the client closed the connection
+	reasonReadError                 // the connection failed while reading
+	reasonWriteError                // a write failed or timed out
+	reasonMessageTooBig             // a client message exceeded MaxFrameBytes
+	reasonHelloTimeout              // no hello within HelloTimeout
+	reasonSlowConsumer              // the send queue overflowed
+	reasonPingTimeout               // no pong within PongTimeout
+	reasonShutdown                  // the server is shutting down
+	numCloseReasons
+)
+
+// Close codes syncgate sends besides the standard ones (docs/protocol.md).
+const (
+	StatusSlowConsumer websocket.StatusCode = 4001
+	StatusPingTimeout  websocket.StatusCode = 4002
+)
+
+var closeReasons = [numCloseReasons]struct {
+	label string
+	code  websocket.StatusCode
+	text  string // at most 123 bytes: it is a close frame's reason
+}{
+	reasonNone:          {"none", websocket.StatusInternalError, "internal error"},
+	reasonClientClosed:  {"client_closed", websocket.StatusNormalClosure, ""},
+	reasonReadError:     {"read_error", websocket.StatusAbnormalClosure, ""},
+	reasonWriteError:    {"write_error", websocket.StatusAbnormalClosure, ""},
+	reasonMessageTooBig: {"message_too_big", websocket.StatusMessageTooBig, "message too big"},
+	reasonHelloTimeout:  {"hello_timeout", websocket.StatusPolicyViolation, "no hello frame within the hello timeout"},
+	reasonSlowConsumer:  {"slow_consumer", StatusSlowConsumer, "slow consumer: send queue overflowed; reconnect and resume from your cursor"},
+	reasonPingTimeout:   {"ping_timeout", StatusPingTimeout, "no pong within the pong timeout"},
+	reasonShutdown:      {"shutdown", websocket.StatusGoingAway, "server shutting down"},
+}
+
+func (r closeReason) String() string { return closeReasons[r].label }
+
+// sendsCloseFrame reports whether the server starts a close handshake for r;
+// for the others the connection is already gone or the peer sent the close.
+func (r closeReason) sendsCloseFrame() bool {
+	switch r {
+	case reasonHelloTimeout, reasonSlowConsumer, reasonPingTimeout, reasonShutdown, reasonNone:
+		return true
+	}
+	return false
+}

@@ -1,0 +1,115 @@
+package gateway
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/syncgate/syncgate/fanout"
+)
+
+// Config configures a [Server]. The zero value is usable: every field
+// documents its default. [New] copies it; the caller's value is not changed.
+type Config struct {
+	// Logger receives the gateway's logs. Nil discards them.
+	Logger *slog.Logger
+
+	// Transport carries publications between sessions. Nil means a new
+	// in-process [fanout.Hub], closed by Shutdown.
+	Transport fanout.Transport
+
+	// Registry receives the gateway's metrics and is served at /metrics.
+	// Nil means a new registry with the Go and process collectors.
+	Registry *prometheus.Registry
+
+	// BuildID is the current app build, sent in the server's hello.
+	// Empty by default.
+	BuildID string
+
+	// HelloTimeout bounds the wait for the client's hello; after it the
+	// session is closed with 1008. Zero means 10s.
+	HelloTimeout time.Duration
+
+	// MaxFrameBytes is the largest WebSocket message a client may send;
+	// a larger one closes the session with 1009. Zero means 65536.
+	MaxFrameBytes int64
+
+	// MaxBatchBytes bounds one outgoing WebSocket message that carries
+	// several frames. A single larger frame is sent alone. Zero means 65536.
+	MaxBatchBytes int
+
+	// SendQueueMessages and SendQueueBytes bound a session's send queue;
+	// overflowing either closes the session with 4001 (slow consumer).
+	// Zero means 4096 messages and 4 MiB.
+	SendQueueMessages int
+	SendQueueBytes    int
+
+	// WriteTimeout bounds every network write. Zero means 10s.
+	WriteTimeout time.Duration
+
+	// PingInterval is how often the server pings each session; a session
+	// that does not answer within PongTimeout is closed with 4002.
+	// Zero means 25s and 10s.
+	PingInterval time.Duration
+	PongTimeout  time.Duration
+
+	// AllowedOrigins lists extra Origin host patterns (path.Match syntax,
+	// e.g. "app.example.com" or "*.example.com") allowed to open sessions.
+	// The request's own host is always allowed, and so is a request without
+	// an Origin header (a non-browser client). Empty by default.
+	AllowedOrigins []string
+
+	// MaxSubscriptions caps active subscriptions per session.
+	// Zero means 128.
+	MaxSubscriptions int
+
+	// ProducerWindow is how many recent mutate outcomes each producer
+	// remembers for retries. Zero means 256.
+	ProducerWindow int
+
+	// ProducerIdle is how long an unused producer record (one named by
+	// hello.clientId) is kept after its last session ends. Zero means 24h.
+	ProducerIdle time.Duration
+
+	// Now is the clock. Nil means time.Now.
+	Now func() time.Time
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	setDefault(&c.HelloTimeout, 10*time.Second)
+	setDefault(&c.MaxFrameBytes, 65536)
+	setDefault(&c.MaxBatchBytes, 65536)
+	setDefault(&c.SendQueueMessages, 4096)
+	setDefault(&c.SendQueueBytes, 4<<20)
+	setDefault(&c.WriteTimeout, 10*time.Second)
+	setDefault(&c.PingInterval, 25*time.Second)
+	setDefault(&c.PongTimeout, 10*time.Second)
+	setDefault(&c.MaxSubscriptions, 128)
+	setDefault(&c.ProducerWindow, 256)
+	setDefault(&c.ProducerIdle, 24*time.Hour)
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	c.AllowedOrigins = append([]string(nil), c.AllowedOrigins...)
+	switch {
+	case c.HelloTimeout < 0, c.MaxFrameBytes < 0, c.MaxBatchBytes < 0, c.SendQueueMessages < 0,
+		c.SendQueueBytes < 0, c.WriteTimeout < 0, c.PingInterval < 0, c.PongTimeout < 0,
+		c.MaxSubscriptions < 0, c.ProducerWindow < 0, c.ProducerIdle < 0:
+		return c, fmt.Errorf("gateway: negative limit in config")
+	case int64(c.SendQueueBytes) < c.MaxFrameBytes:
+		return c, fmt.Errorf("gateway: SendQueueBytes (%d) must be at least MaxFrameBytes (%d)", c.SendQueueBytes, c.MaxFrameBytes)
+	}
+	return c, nil
+}
+
+func setDefault[T comparable](p *T, def T) {
+	var zero T
+	if *p == zero {
+		*p = def
+	}
+}

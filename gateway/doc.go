@@ -1,0 +1,28 @@
+// Package gateway serves syncgate's WebSocket endpoint and its HTTP
+// companions (/healthz, /readyz, /metrics).
+//
+// Start with [New] and [Server.Handler]; stop with [Server.Shutdown].
+//
+// # Sessions
+//
+// Every WebSocket connection is one session with exactly two goroutines:
+// the reader (the HTTP handler goroutine, which decodes frames and runs
+// their handlers) and the writer (which owns the connection's write side).
+// They meet at a bounded send queue. Publishers never block on a session:
+// a session whose queue overflows is closed with 4001 (slow consumer).
+//
+// # Broadcast
+//
+// A publish is encoded once: the patch body (everything after the sid) is
+// built once and handed through the [fanout.Transport] to every subscribed
+// session, whose writer prepends the subscription's pre-encoded prefix. The
+// writer drains the whole queue into one WebSocket message (frames separated
+// by '\n') up to Config.MaxBatchBytes, so many frames cost one flush.
+//
+// # Ordering
+//
+// Topic offsets are assigned under a per-topic stripe lock that is held
+// across Transport.Publish, and subscribing takes the same lock while it
+// queues the ack and snapshot. So a subscriber sees its snapshot before any
+// patch, and patches in offset order.
+package gateway

@@ -1,0 +1,200 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/syncgate/syncgate/frames"
+)
+
+// maxClientIDLen bounds hello.clientId, which keys server memory.
+const maxClientIDLen = 128
+
+// handleLine decodes one frame and runs its handler. Every failure becomes
+// an error ack; none ends the session.
+func (s *session) handleLine(ctx context.Context, line []byte) {
+	f, err := frames.Decode(line)
+	if err != nil {
+		s.srv.metrics.badFrames.Inc()
+		var fe *frames.Error
+		if !errors.As(err, &fe) {
+			fe = frames.NewError(frames.CodeBadFrame, "", err.Error(), "send a valid protocol v1 frame")
+		}
+		s.sendError(fe)
+		return
+	}
+	if i := frameIndex(f.FrameType()); i >= 0 {
+		s.srv.metrics.framesIn[i].Inc()
+	}
+	if _, ok := f.(*frames.Hello); !ok && !s.helloDone.Load() {
+		s.sendError(frames.NewError(frames.CodeHelloRequired, refOf(f), "a "+string(f.FrameType())+" frame arrived before hello",
+			"send hello as the first frame of every connection"))
+		return
+	}
+	switch f := f.(type) {
+	case *frames.Hello:
+		s.handleFrameHello(f)
+	case *frames.Subscribe:
+		s.handleFrameSubscribe(ctx, f)
+	case *frames.Mutate:
+		s.handleFrameMutate(ctx, f)
+	case *frames.Presence:
+		s.sendError(frames.NewError(frames.CodeUnsupported, "presence:"+f.Topic, "presence is not available on this server yet",
+			"do not send presence frames to this server version"))
+	default:
+		s.sendError(frames.NewError(frames.CodeUnexpectedFrame, "", "a client sent a "+string(f.FrameType())+" frame, which only the server sends",
+			"clients send hello, subscribe, mutate and presence"))
+	}
+}
+
+// refOf is the ack ref for a decoded frame (see frames.Ack).
+func refOf(f frames.Frame) string {
+	switch f := f.(type) {
+	case *frames.Subscribe:
+		return f.SID
+	case *frames.Mutate:
+		return f.Key
+	case *frames.Presence:
+		return "presence:" + f.Topic
+	}
+	return ""
+}
+
+func (s *session) handleFrameHello(f *frames.Hello) {
+	if s.helloDone.Load() {
+		s.sendError(frames.NewError(frames.CodeDuplicateHello, "", "hello was already received on this connection",
+			"send hello once per connection; open a new connection to start over"))
+		return
+	}
+	if len(f.ClientID) > maxClientIDLen {
+		s.sendError(frames.NewError(frames.CodeBadField, "", fmt.Sprintf("hello.clientId: %d bytes, over the limit of %d", len(f.ClientID), maxClientIDLen),
+			"use a client id of at most 128 bytes, e.g. a UUID"))
+		return
+	}
+	s.clientID, s.epoch = f.ClientID, f.Epoch
+	if f.ClientID != "" {
+		s.prod = s.srv.producers.acquire(f.ClientID, f.Epoch)
+	} else {
+		s.prod = newProducer(f.Epoch, s.srv.cfg.ProducerWindow)
+	}
+	s.helloDone.Store(true)
+	id := s.id
+	s.send(&frames.Hello{
+		BuildID:   s.srv.cfg.BuildID,
+		SessionID: &id,
+		Resume:    []frames.Cursor{},
+		ClientID:  f.ClientID,
+		Epoch:     f.Epoch,
+	})
+}
+
+func (s *session) handleFrameSubscribe(ctx context.Context, f *frames.Subscribe) {
+	if f.Target.Kind != frames.TargetTopic {
+		s.sendError(frames.NewError(frames.CodeUnsupported, f.SID, "subscribe.target.kind: query subscriptions are not available on this server yet",
+			`subscribe to a topic: target {"kind":"topic","topic":"…","cursor":null}`))
+		return
+	}
+	if f.Op == frames.OpDrop {
+		sub, ok := s.subs[f.SID]
+		if !ok {
+			s.sendError(frames.NewError(frames.CodeNotSubscribed, f.SID, "subscribe.sid: no active subscription "+quote(f.SID),
+				"drop only sids you added and have not dropped"))
+			return
+		}
+		delete(s.subs, f.SID)
+		if err := s.srv.transport.Unsubscribe(ctx, sub.topic, sub); err != nil {
+			s.log.Warn("unsubscribe failed", "topic", sub.topic, "err", err)
+		}
+		s.sendAck(f.SID, nil)
+		return
+	}
+	if err := validTopic(f.Target.Topic); err != nil {
+		s.sendError(frames.NewError(frames.CodeBadTopic, f.SID, "subscribe.target.topic: "+err.Error(), topicFix))
+		return
+	}
+	if _, ok := s.subs[f.SID]; ok {
+		s.sendError(frames.NewError(frames.CodeSIDInUse, f.SID, "subscribe.sid: "+quote(f.SID)+" is already active",
+			"pick a sid not in use on this connection, or drop it first"))
+		return
+	}
+	if len(s.subs) >= s.srv.cfg.MaxSubscriptions {
+		s.sendError(frames.NewError(frames.CodeTooManySubs, f.SID, fmt.Sprintf("this session already has %d subscriptions, the limit", len(s.subs)),
+			"drop subscriptions you no longer need"))
+		return
+	}
+	sub := &subscription{s: s, sid: f.SID, topic: f.Target.Topic, prefix: frames.AppendPatchPrefix(nil, f.SID)}
+	err := s.srv.subscribe(ctx, sub, func(tail string) {
+		// Runs under the topic's stripe lock: nothing is published to the
+		// topic until the ack and snapshot are queued.
+		if f.Target.Cursor != nil {
+			s.sendError(frames.NewError(frames.CodeCursorExpired, f.SID,
+				"subscribe.target.cursor: topic "+quote(f.Target.Topic)+" is ephemeral; its messages are not kept, so a cursor cannot resume",
+				"treat messages after your cursor as lost; the snapshot that follows starts the subscription afresh"))
+		} else {
+			s.sendAck(f.SID, nil)
+		}
+		s.send(&frames.Snapshot{SID: f.SID, Rows: []json.RawMessage{}, Cursor: frames.Cursor{
+			QID: "topic:" + f.Target.Topic, LSN: tail, IDs: []string{}, At: s.srv.cfg.Now().UnixMilli(),
+		}})
+	})
+	if err != nil {
+		s.log.Warn("subscribe failed", "topic", f.Target.Topic, "err", err)
+		s.sendError(frames.NewError(frames.CodeInternal, f.SID, "the server could not subscribe", "retry later"))
+		return
+	}
+	s.subs[f.SID] = sub
+}
+
+// publishInput is the input of the built-in "publish" mutation.
+type publishInput struct {
+	Topic *string         `json:"topic"`
+	Data  json.RawMessage `json:"data"`
+}
+
+func (s *session) handleFrameMutate(ctx context.Context, f *frames.Mutate) {
+	s.prod.run(s.epoch, f, s.sendOutcome, func() outcome {
+		return s.mutate(ctx, f)
+	})
+}
+
+// mutate carries out f; the producer records the outcome under f.Seq.
+func (s *session) mutate(ctx context.Context, f *frames.Mutate) outcome {
+	o := outcome{key: f.Key}
+	if f.Name != "publish" {
+		o.err = frames.NewError(frames.CodeUnknownMutation, f.Key, "mutate.name: unknown mutation "+quote(f.Name),
+			`use a mutation this server knows: "publish"`)
+		return o
+	}
+	var in publishInput
+	if err := json.Unmarshal(f.Input, &in); err != nil || in.Topic == nil || len(in.Data) == 0 {
+		o.err = frames.NewError(frames.CodeBadInput, f.Key, "mutate.input: publish wants an object {topic: string, data: any JSON}",
+			`send input like {"topic":"room:1","data":{"text":"hi"}}`)
+		return o
+	}
+	if err := validTopic(*in.Topic); err != nil {
+		o.err = frames.NewError(frames.CodeBadTopic, f.Key, "mutate.input.topic: "+err.Error(), topicFix)
+		return o
+	}
+	lsn, err := s.srv.publish(ctx, *in.Topic, nil, in.Data)
+	if err != nil {
+		s.log.Warn("publish failed", "topic", *in.Topic, "err", err)
+		o.err = frames.NewError(frames.CodeInternal, f.Key, "the server could not publish", "retry the same mutate (same key and seq) later")
+		return o
+	}
+	o.lsn = lsn
+	return o
+}
+
+// sendOutcome acks a mutate with its (possibly replayed) outcome.
+func (s *session) sendOutcome(o outcome) {
+	if o.err != nil {
+		s.sendError(o.err)
+		return
+	}
+	lsn := o.lsn
+	s.sendAck(o.key, &lsn)
+}
+
+func quote(s string) string { return fmt.Sprintf("%q", s) }

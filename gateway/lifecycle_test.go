@@ -1,0 +1,141 @@
+package gateway_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/coder/websocket"
+
+	"github.com/syncgate/syncgate/fanout"
+	"github.com/syncgate/syncgate/frames"
+	"github.com/syncgate/syncgate/gateway"
+	"github.com/syncgate/syncgate/internal/gwtest"
+)
+
+func TestGateway_ShutdownClosesSessions1001(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{})
+	conns := make([]*gwtest.Conn, 3)
+	for i := range conns {
+		conns[i] = gwtest.Dial(t, srv.url, nil)
+		conns[i].Hello("", 0)
+	}
+	if code := get(t, srv.ts.URL+"/readyz"); code != http.StatusOK {
+		t.Fatalf("readyz before shutdown: %d", code)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.gw.Shutdown(t.Context()) }()
+	for _, c := range conns {
+		c.ExpectClose(websocket.StatusGoingAway)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if code := get(t, srv.ts.URL+"/readyz"); code != http.StatusServiceUnavailable {
+		t.Fatalf("readyz after shutdown: %d", code)
+	}
+	if code := get(t, srv.ts.URL+"/healthz"); code != http.StatusOK {
+		t.Fatalf("healthz after shutdown: %d", code)
+	}
+	_, resp, err := websocket.Dial(t.Context(), srv.url, nil)
+	if err == nil || resp == nil || resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("dial after shutdown: %v %+v", err, resp)
+	}
+}
+
+func get(t testing.TB, url string) int {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func TestGateway_Metrics(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{})
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0)
+	c.Subscribe("s", "t")
+	c.Publish("k", 0, "t", `1`)
+	gwtest.Expect[*frames.Patch](c)
+	c.SendRaw(`nonsense`)
+	gwtest.Expect[*frames.Ack](c)
+	m := scrape(t, srv.ts.URL)
+	for _, want := range []string{
+		"syncgate_sessions 1",
+		`syncgate_frames_in_total{type="mutate"} 1`,
+		`syncgate_frames_in_total{type="subscribe"} 1`,
+		`syncgate_frames_out_total{type="patch"} 1`,
+		`syncgate_error_acks_total{code="X_BAD_FRAME"} 1`,
+		"syncgate_frames_bad_total 1",
+		"syncgate_publishes_total 1",
+		"syncgate_delivery_latency_seconds_count 1",
+		"syncgate_bytes_in_total",
+		"syncgate_bytes_out_total",
+		"process_resident_memory_bytes",
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+}
+
+// recordingTransport counts publishes on the way to a real Hub.
+type recordingTransport struct {
+	*fanout.Hub
+	mu    sync.Mutex
+	calls int
+}
+
+func (r *recordingTransport) Publish(ctx context.Context, topic string, data []byte) error {
+	r.mu.Lock()
+	r.calls++
+	r.mu.Unlock()
+	return r.Hub.Publish(ctx, topic, data)
+}
+
+// TestGateway_BroadcastEncodesOnce: a publish to N subscribers is one
+// Transport.Publish of one body; each subscriber gets that body behind its
+// own sid.
+func TestGateway_BroadcastEncodesOnce(t *testing.T) {
+	t.Parallel()
+	hub := fanout.NewHub(fanout.HubConfig{})
+	t.Cleanup(func() { _ = hub.Close() })
+	rec := &recordingTransport{Hub: hub}
+	srv := newTestServer(t, gateway.Config{Transport: rec})
+	const n = 20
+	conns := make([]*gwtest.Conn, n)
+	for i := range conns {
+		conns[i] = gwtest.Dial(t, srv.url, nil)
+		conns[i].Hello("", 0)
+		conns[i].Subscribe("sid-"+string(rune('a'+i)), "t")
+	}
+	pub := gwtest.Dial(t, srv.url, nil)
+	pub.Hello("", 0)
+	ack := pub.Publish("k", 0, "t", `{"x":1}`)
+	var body string
+	for i, c := range conns {
+		p := gwtest.Expect[*frames.Patch](c)
+		b, _ := frames.Encode(p)
+		prefix := string(frames.AppendPatchPrefix(nil, p.SID))
+		if p.LSN != *ack.LSN || !strings.HasPrefix(string(b), prefix) {
+			t.Fatalf("subscriber %d: %s", i, b)
+		}
+		if i == 0 {
+			body = strings.TrimPrefix(string(b), prefix)
+		} else if got := strings.TrimPrefix(string(b), prefix); got != body {
+			t.Fatalf("subscriber %d body %s, want %s", i, got, body)
+		}
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if rec.calls != 1 {
+		t.Fatalf("Transport.Publish called %d times for one publish", rec.calls)
+	}
+}

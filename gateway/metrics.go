@@ -1,0 +1,132 @@
+package gateway
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/syncgate/syncgate/frames"
+)
+
+// frameTypes indexes the per-type counters; outgoing items carry the index.
+var frameTypes = [...]frames.Type{
+	frames.TypeHello, frames.TypeSubscribe, frames.TypeSnapshot, frames.TypePatch,
+	frames.TypeMutate, frames.TypeAck, frames.TypeRebase, frames.TypePresence,
+	frames.TypeReconnect, frames.TypeUpdateAvailable,
+}
+
+const (
+	idxHello = iota
+	idxSubscribe
+	idxSnapshot
+	idxPatch
+	idxMutate
+	idxAck
+	idxRebase
+	idxPresence
+	idxReconnect
+	idxUpdateAvailable
+	numFrameTypes
+)
+
+func frameIndex(t frames.Type) int {
+	for i, ft := range frameTypes {
+		if ft == t {
+			return i
+		}
+	}
+	return -1
+}
+
+// Drop reasons label syncgate_drops_total.
+const (
+	dropQueueFull     = "queue_full"     // the frame overflowed the send queue (the session is closed 4001)
+	dropSessionClosed = "session_closed" // the session was closing when the frame arrived
+)
+
+// metrics holds the gateway's collectors, resolved once so hot paths do no
+// label lookups.
+type metrics struct {
+	sessions        prometheus.Gauge
+	accepted        prometheus.Counter
+	rejected        *prometheus.CounterVec
+	framesIn        [numFrameTypes]prometheus.Counter
+	framesOut       [numFrameTypes]prometheus.Counter
+	badFrames       prometheus.Counter
+	errorsByCode    *prometheus.CounterVec
+	bytesIn         prometheus.Counter
+	bytesOut        prometheus.Counter
+	messagesOut     prometheus.Counter
+	drops           map[string]prometheus.Counter
+	closes          [numCloseReasons]prometheus.Counter
+	deliveryLatency prometheus.Histogram
+	publishes       prometheus.Counter
+}
+
+func newMetrics(reg *prometheus.Registry) *metrics {
+	m := &metrics{
+		sessions: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "syncgate_sessions", Help: "Connected WebSocket sessions.",
+		}),
+		accepted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "syncgate_sessions_accepted_total", Help: "WebSocket upgrades accepted.",
+		}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "syncgate_sessions_rejected_total", Help: "WebSocket upgrades refused, by reason.",
+		}, []string{"reason"}),
+		badFrames: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "syncgate_frames_bad_total", Help: "Inbound frames that failed to decode.",
+		}),
+		errorsByCode: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "syncgate_error_acks_total", Help: "Error acks sent, by error code.",
+		}, []string{"code"}),
+		bytesIn: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "syncgate_bytes_in_total", Help: "WebSocket payload bytes received.",
+		}),
+		bytesOut: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "syncgate_bytes_out_total", Help: "WebSocket payload bytes sent.",
+		}),
+		messagesOut: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "syncgate_messages_out_total", Help: "WebSocket messages sent (each carries one or more frames).",
+		}),
+		deliveryLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "syncgate_delivery_latency_seconds",
+			Help:    "Time from publish to the write of the patch to a subscriber's socket.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}),
+		publishes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "syncgate_publishes_total", Help: "Messages published (each encoded once).",
+		}),
+		drops: map[string]prometheus.Counter{},
+	}
+	framesIn := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "syncgate_frames_in_total", Help: "Frames received, by type.",
+	}, []string{"type"})
+	framesOut := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "syncgate_frames_out_total", Help: "Frames sent, by type.",
+	}, []string{"type"})
+	for i, t := range frameTypes {
+		m.framesIn[i] = framesIn.WithLabelValues(string(t))
+		m.framesOut[i] = framesOut.WithLabelValues(string(t))
+	}
+	drops := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "syncgate_drops_total", Help: "Outgoing frames dropped, by reason.",
+	}, []string{"reason"})
+	for _, r := range []string{dropQueueFull, dropSessionClosed} {
+		m.drops[r] = drops.WithLabelValues(r)
+	}
+	closes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "syncgate_closes_total", Help: "Sessions closed, by reason.",
+	}, []string{"reason"})
+	for r := range numCloseReasons {
+		m.closes[r] = closes.WithLabelValues(r.String())
+	}
+	reg.MustRegister(m.sessions, m.accepted, m.rejected, framesIn, framesOut, m.badFrames,
+		m.errorsByCode, m.bytesIn, m.bytesOut, m.messagesOut, drops, closes, m.deliveryLatency, m.publishes)
+	return m
+}
+
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}

@@ -1,0 +1,159 @@
+package gateway_test
+
+import (
+	"testing"
+
+	"github.com/syncgate/syncgate/frames"
+	"github.com/syncgate/syncgate/gateway"
+	"github.com/syncgate/syncgate/internal/gwtest"
+)
+
+func TestGateway_RetriedSeqGetsFirstAckAndPublishesOnce(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{})
+	sub := gwtest.Dial(t, srv.url, nil)
+	sub.Hello("", 0)
+	sub.Subscribe("s", "t")
+
+	pub := gwtest.Dial(t, srv.url, nil)
+	pub.Hello("browser-1", 0)
+	first := pub.Publish("k0", 0, "t", `1`)
+	again := pub.Publish("k0", 0, "t", `1`)
+	if first.Error != nil || again.Error != nil || *again.LSN != *first.LSN || again.Ref != "k0" {
+		t.Fatalf("first %+v, retry %+v", first, again)
+	}
+	// The same key under the next seq is the same mutation: same ack.
+	sameKey := pub.Publish("k0", 1, "t", `1`)
+	if sameKey.Error != nil || *sameKey.LSN != *first.LSN {
+		t.Fatalf("same key, next seq: %+v", sameKey)
+	}
+	next := pub.Publish("k2", 2, "t", `2`)
+	if next.Error != nil || *next.LSN <= *first.LSN {
+		t.Fatalf("next: %+v", next)
+	}
+	// A reconnect of the same client (same clientId and epoch) continues
+	// the producer: a retry of seq 2 is still answered from the record.
+	pub2 := gwtest.Dial(t, srv.url, nil)
+	pub2.Hello("browser-1", 0)
+	if r := pub2.Publish("k2", 2, "t", `2`); r.Error != nil || *r.LSN != *next.LSN {
+		t.Fatalf("retry after reconnect: %+v", r)
+	}
+	gap := pub2.Publish("k9", 9, "t", `9`)
+	if gap.Error == nil || gap.Error.Code != frames.CodeSeqGap {
+		t.Fatalf("gap: %+v", gap)
+	}
+	if r := pub2.Publish("k3", 3, "t", `3`); r.Error != nil {
+		t.Fatalf("seq 3 after a refused gap: %+v", r.Error)
+	}
+	// The subscriber saw exactly three messages: 1, 2, 3.
+	for _, want := range []string{*first.LSN, *next.LSN} {
+		if p := gwtest.Expect[*frames.Patch](sub); p.LSN != want {
+			t.Fatalf("patch lsn %s, want %s", p.LSN, want)
+		}
+	}
+	if p := gwtest.Expect[*frames.Patch](sub); string(p.Patches[0].Row) == "" || p.LSN <= *next.LSN {
+		t.Fatalf("third patch %+v", p)
+	}
+}
+
+func TestGateway_EpochFencing(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{})
+	old := gwtest.Dial(t, srv.url, nil)
+	old.Hello("app", 1)
+	if r := old.Publish("a", 0, "t", `1`); r.Error != nil {
+		t.Fatal(r.Error)
+	}
+	newer := gwtest.Dial(t, srv.url, nil)
+	newer.Hello("app", 2)
+	if r := newer.Publish("b", 0, "t", `1`); r.Error != nil {
+		t.Fatalf("new epoch starts at seq 0: %+v", r.Error)
+	}
+	if r := old.Publish("c", 1, "t", `1`); r.Error == nil || r.Error.Code != frames.CodeEpochFenced {
+		t.Fatalf("old epoch: %+v", r)
+	}
+	stale := gwtest.Dial(t, srv.url, nil)
+	stale.Hello("app", 0)
+	if r := stale.Publish("d", 0, "t", `1`); r.Error == nil || r.Error.Code != frames.CodeEpochFenced {
+		t.Fatalf("lower epoch: %+v", r)
+	}
+}
+
+func TestGateway_ForgottenSeq(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{ProducerWindow: 4})
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0)
+	for i := range 6 {
+		if r := c.Publish(string(rune('a'+i)), int64(i), "t", `1`); r.Error != nil {
+			t.Fatal(r.Error)
+		}
+	}
+	if r := c.Publish("a", 0, "t", `1`); r.Error == nil || r.Error.Code != frames.CodeSeqForgotten {
+		t.Fatalf("retry beyond the window: %+v", r)
+	}
+	if r := c.Publish("c", 2, "t", `1`); r.Error != nil {
+		t.Fatalf("retry inside the window: %+v", r.Error)
+	}
+}
+
+func TestGateway_DropStopsPatches(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{})
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0)
+	c.Subscribe("a", "t")
+	c.Subscribe("b", "u")
+	c.Send(&frames.Subscribe{Op: frames.OpDrop, SID: "a", Target: frames.Target{Kind: frames.TargetTopic, Topic: "t"}})
+	if ack := gwtest.Expect[*frames.Ack](c); ack.Ref != "a" || ack.Error != nil {
+		t.Fatalf("drop ack %+v", ack)
+	}
+	c.Publish("k0", 0, "t", `"dropped"`)
+	c.Publish("k1", 1, "u", `"kept"`)
+	// The only patch is for b: had a's arrived, it would come first.
+	if p := gwtest.Expect[*frames.Patch](c); p.SID != "b" {
+		t.Fatalf("patch after drop: %+v", p)
+	}
+	// The sid is free again.
+	c.Subscribe("a", "t")
+}
+
+func TestGateway_CursorOnEphemeralTopic(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{})
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0)
+	c.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "r", Target: frames.Target{Kind: frames.TargetTopic, Topic: "t",
+		Cursor: &frames.Cursor{QID: "topic:t", LSN: frames.FormatOffset(1, 7), IDs: []string{}}}})
+	ack := gwtest.Expect[*frames.Ack](c)
+	if ack.Ref != "r" || ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
+		t.Fatalf("ack = %+v", ack)
+	}
+	snap := gwtest.Expect[*frames.Snapshot](c)
+	if snap.SID != "r" {
+		t.Fatalf("snapshot = %+v", snap)
+	}
+	c.Publish("k", 0, "t", `1`)
+	if p := gwtest.Expect[*frames.Patch](c); p.SID != "r" || p.LSN <= snap.Cursor.LSN {
+		t.Fatalf("patch = %+v", p)
+	}
+}
+
+func TestGateway_SidInUseAndSubscriptionLimit(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{MaxSubscriptions: 2})
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0)
+	c.Subscribe("a", "t1")
+	add := func(sid, topic string) *frames.Ack {
+		c.Send(&frames.Subscribe{Op: frames.OpAdd, SID: sid, Target: frames.Target{Kind: frames.TargetTopic, Topic: topic}})
+		return gwtest.Expect[*frames.Ack](c)
+	}
+	if ack := add("a", "t2"); ack.Error == nil || ack.Error.Code != frames.CodeSIDInUse {
+		t.Fatalf("sid in use: %+v", ack)
+	}
+	c.Subscribe("b", "t2")
+	if ack := add("c", "t3"); ack.Error == nil || ack.Error.Code != frames.CodeTooManySubs {
+		t.Fatalf("limit: %+v", ack)
+	}
+}

@@ -1,0 +1,166 @@
+package gateway
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/syncgate/syncgate/frames"
+)
+
+// outcome is the recorded result of one mutate: an offset or a typed error.
+type outcome struct {
+	seq int64
+	key string
+	lsn string
+	err *frames.Error
+}
+
+// producer is the mutation producer named by (hello.clientId, epoch), or a
+// session without a clientId. It serialises its mutates and remembers the
+// outcomes of the last window seqs so a retry gets the same ack.
+type producer struct {
+	clientID string // "" for a session-scoped producer
+	window   int
+
+	mu       sync.Mutex
+	epoch    int64            // guarded by mu
+	next     int64            // guarded by mu: the next expected seq
+	ring     []outcome        // guarded by mu: outcome of seq at seq % window, grown lazily
+	keys     map[string]int64 // guarded by mu: key → seq for outcomes in ring
+	sessions int              // guarded by producers.mu: live sessions using it
+	idleAt   time.Time        // guarded by producers.mu: when sessions fell to 0
+}
+
+func newProducer(epoch int64, window int) *producer {
+	return &producer{epoch: epoch, window: window}
+}
+
+// resetLocked starts a new epoch at seq 0.
+func (p *producer) resetLocked(epoch int64) {
+	p.epoch, p.next, p.ring, p.keys = epoch, 0, nil, nil
+}
+
+// run applies the producer rules to mutate f from a session on epoch, then
+// either replays a recorded outcome or calls exec and records its outcome.
+// reply is called with the outcome to ack, under p.mu so that acks of one
+// producer are queued in seq order.
+func (p *producer) run(epoch int64, f *frames.Mutate, reply func(outcome), exec func() outcome) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case epoch < p.epoch:
+		reply(outcome{key: f.Key, err: frames.NewError(frames.CodeEpochFenced, f.Key,
+			fmt.Sprintf("producer epoch %d is fenced: epoch %d is current", epoch, p.epoch),
+			"this client was replaced by a newer instance; reconnect with a higher epoch if this one should win")})
+		return
+	case epoch > p.epoch:
+		p.resetLocked(epoch)
+	}
+	switch {
+	case f.Seq < p.next:
+		if o, ok := p.lookupLocked(f.Seq); ok {
+			reply(o)
+			return
+		}
+		reply(outcome{key: f.Key, err: frames.NewError(frames.CodeSeqForgotten, f.Key,
+			fmt.Sprintf("mutate.seq %d is a retry older than the last %d outcomes this server remembers", f.Seq, p.window),
+			fmt.Sprintf("do not retry it; the next seq is %d", p.next))})
+		return
+	case f.Seq > p.next:
+		reply(outcome{key: f.Key, err: frames.NewError(frames.CodeSeqGap, f.Key,
+			fmt.Sprintf("mutate.seq: expected %d, received %d", p.next, f.Seq),
+			fmt.Sprintf("send seq %d next: seqs count from 0 by 1 per mutate of this producer", p.next))})
+		return
+	}
+	var o outcome
+	if seq, ok := p.keys[f.Key]; ok {
+		o, _ = p.lookupLocked(seq) // the same mutation sent again under a new seq
+	} else {
+		o = exec()
+	}
+	o.seq = f.Seq
+	p.recordLocked(o)
+	p.next++
+	reply(o)
+}
+
+func (p *producer) lookupLocked(seq int64) (outcome, bool) {
+	i := int(seq % int64(p.window))
+	if i >= len(p.ring) || p.ring[i].seq != seq || p.ring[i].key == "" {
+		return outcome{}, false
+	}
+	return p.ring[i], true
+}
+
+func (p *producer) recordLocked(o outcome) {
+	i := int(o.seq % int64(p.window))
+	if p.keys == nil {
+		p.keys = map[string]int64{}
+	}
+	if i < len(p.ring) {
+		if old := p.ring[i]; p.keys[old.key] == old.seq {
+			delete(p.keys, old.key)
+		}
+		p.ring[i] = o
+	} else {
+		p.ring = append(p.ring, o)
+	}
+	p.keys[o.key] = o.seq
+}
+
+// producers is the node's table of client-named producers.
+type producers struct {
+	window int
+	idle   time.Duration
+
+	mu sync.Mutex
+	m  map[string]*producer // guarded by mu
+}
+
+// acquire returns clientID's producer for a session on epoch; a higher epoch
+// than the current one starts the producer over at seq 0.
+func (t *producers) acquire(clientID string, epoch int64) *producer {
+	t.mu.Lock()
+	p, ok := t.m[clientID]
+	if !ok {
+		p = newProducer(epoch, t.window)
+		p.clientID = clientID
+		t.m[clientID] = p
+	}
+	p.sessions++
+	t.mu.Unlock()
+	p.mu.Lock()
+	if epoch > p.epoch {
+		p.resetLocked(epoch)
+	}
+	p.mu.Unlock()
+	return p
+}
+
+// release ends a session's use of p.
+func (t *producers) release(p *producer, now time.Time) {
+	if p.clientID == "" {
+		return
+	}
+	t.mu.Lock()
+	p.sessions--
+	if p.sessions == 0 {
+		p.idleAt = now
+	}
+	t.mu.Unlock()
+}
+
+// sweep forgets producers idle since before now-idle. It returns how many.
+func (t *producers) sweep(now time.Time) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for id, p := range t.m {
+		if p.sessions == 0 && now.Sub(p.idleAt) > t.idle {
+			delete(t.m, id)
+			n++
+		}
+	}
+	return n
+}

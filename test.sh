@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# test.sh runs every check syncgate has: formatting, vet, staticcheck, the
+# race-enabled test suite and a short run of each fuzz target. It works on a
+# fresh machine with Go 1.26 and the Go module proxy; `.ci/run` calls it.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+FUZZTIME="${FUZZTIME:-15s}"
+
+step() { printf '\n== %s\n' "$*"; }
+
+# A fresh machine has Go in /usr/local/go without it on PATH in every shell.
+command -v go >/dev/null 2>&1 || export PATH="$PATH:/usr/local/go/bin"
+if ! command -v go >/dev/null 2>&1; then
+	echo "test.sh: Go 1.26 is required (https://go.dev/dl); /usr/local/go/bin is not on PATH" >&2
+	exit 1
+fi
+
+step "go mod download"
+go mod download
+
+step "gofmt"
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [ -n "$unformatted" ]; then
+	echo "gofmt needed on:" >&2
+	echo "$unformatted" >&2
+	exit 1
+fi
+
+step "go vet"
+go vet ./...
+
+step "staticcheck"
+go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+
+step "go test -race"
+go test -race -count=1 -timeout 12m ./...
+
+step "fuzz (${FUZZTIME} each)"
+# go test -fuzz takes one target in one package at a time.
+for pkg in $(go list ./...); do
+	dir=$(go list -f '{{.Dir}}' "$pkg")
+	for target in $(grep -ho '^func Fuzz[A-Za-z0-9_]*' "$dir"/*_test.go 2>/dev/null | sed 's/^func //' | sort -u); do
+		echo "-- $pkg $target"
+		go test -run='^$' -fuzz="^${target}\$" -fuzztime="$FUZZTIME" "$pkg"
+	done
+done
+
+step "all checks passed"
