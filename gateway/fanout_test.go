@@ -28,7 +28,7 @@ type orderedCounter struct {
 	want int
 	done chan struct{}
 
-	c    *client.Client // for diagnostics
+	c *client.Client // for diagnostics
 
 	mu   sync.Mutex
 	n    int

@@ -23,6 +23,7 @@ type config struct {
 	DataDir         string
 	LogFormat       string
 	LogLevel        slog.Level
+	DebugAddr       string
 	ShutdownTimeout time.Duration
 	Gateway         gateway.Config
 }
@@ -104,6 +105,8 @@ var settings = []setting{
 			}
 			return nil
 		}},
+	{"debug-addr", "SYNCGATE_DEBUG_ADDR", "", "if set, serve Go profiling (/debug/pprof/) on this separate address, e.g. 127.0.0.1:6060",
+		func(c *config, v string) error { c.DebugAddr = v; return nil }},
 	{"shutdown-timeout", "SYNCGATE_SHUTDOWN_TIMEOUT", "15s", "time sessions get to close on SIGINT/SIGTERM before they are cut",
 		durationSetting(func(c *config) *time.Duration { return &c.ShutdownTimeout })},
 	{"log-format", "SYNCGATE_LOG_FORMAT", "text", "log format: text or json",

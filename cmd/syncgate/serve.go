@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/syncgate/syncgate/gateway"
@@ -35,6 +36,13 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+	if cfg.DebugAddr != "" {
+		stopDebug, err := serveDebug(cfg.DebugAddr, log)
+		if err != nil {
+			return err
+		}
+		defer stopDebug()
+	}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	log.Info("syncgate listening", "addr", ln.Addr().String(), "version", versionString(),
@@ -60,6 +68,26 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// serveDebug serves net/http/pprof on its own listener, apart from the
+// public handler, and returns a function that stops it.
+func serveDebug(addr string, log *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("debug-addr (SYNCGATE_DEBUG_ADDR): %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = hs.Serve(ln) }()
+	log.Info("debug (pprof) listening", "addr", ln.Addr().String())
+	return func() { _ = hs.Close(); <-done }, nil
 }
 
 func newLogger(cfg *config, w io.Writer) *slog.Logger {

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func env(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func TestParseConfig_Defaults(t *testing.T) {
+	t.Parallel()
+	c, err := parseConfig(nil, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Addr != "127.0.0.1:8080" || c.DataDir != "./data" || c.LogFormat != "text" {
+		t.Fatalf("defaults: %+v", c)
+	}
+	g := c.Gateway
+	if g.HelloTimeout != 10*time.Second || g.MaxFrameBytes != 65536 || g.PingInterval != 25*time.Second || g.PongTimeout != 10*time.Second {
+		t.Fatalf("gateway defaults: %+v", g)
+	}
+}
+
+// TestParseConfig_Precedence: flags beat env, env beats the YAML file,
+// the file beats defaults.
+func TestParseConfig_Precedence(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	file := filepath.Join(dir, "syncgate.yaml")
+	yaml := "addr: 127.0.0.1:9000\nhello-timeout: 3s\nmax-frame: 4096\nallowed-origins:\n  - a.example.com\n  - '*.b.example.com'\nlog-format: json\n"
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := parseConfig([]string{"-hello-timeout", "500ms"}, env(map[string]string{
+		"SYNCGATE_CONFIG":    file,
+		"SYNCGATE_MAX_FRAME": "2048",
+	}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Addr != "127.0.0.1:9000" {
+		t.Errorf("addr from file: %q", c.Addr)
+	}
+	if c.Gateway.HelloTimeout != 500*time.Millisecond {
+		t.Errorf("hello-timeout: flag should win, got %v", c.Gateway.HelloTimeout)
+	}
+	if c.Gateway.MaxFrameBytes != 2048 {
+		t.Errorf("max-frame: env should beat the file, got %d", c.Gateway.MaxFrameBytes)
+	}
+	if got := strings.Join(c.Gateway.AllowedOrigins, ","); got != "a.example.com,*.b.example.com" {
+		t.Errorf("allowed-origins from a YAML list: %q", got)
+	}
+	if c.LogFormat != "json" {
+		t.Errorf("log-format: %q", c.LogFormat)
+	}
+}
+
+func TestParseConfig_Errors(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	badKey := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(badKey, []byte("adr: x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string // the error must name the setting
+	}{
+		{"bad duration env", nil, map[string]string{"SYNCGATE_HELLO_TIMEOUT": "ten"}, "SYNCGATE_HELLO_TIMEOUT"},
+		{"bad duration flag", []string{"-pong-timeout", "soon"}, nil, "-pong-timeout"},
+		{"small frame", nil, map[string]string{"SYNCGATE_MAX_FRAME": "10"}, "SYNCGATE_MAX_FRAME"},
+		{"log format", nil, map[string]string{"SYNCGATE_LOG_FORMAT": "xml"}, "SYNCGATE_LOG_FORMAT"},
+		{"origin with scheme", nil, map[string]string{"SYNCGATE_ALLOWED_ORIGINS": "https://a.example"}, "SYNCGATE_ALLOWED_ORIGINS"},
+		{"unknown yaml key", nil, map[string]string{"SYNCGATE_CONFIG": badKey}, `"adr"`},
+		{"missing file", nil, map[string]string{"SYNCGATE_CONFIG": filepath.Join(dir, "nope.yaml")}, "config file"},
+		{"queue smaller than frame", nil, map[string]string{"SYNCGATE_SEND_QUEUE_BYTES": "1000"}, "SYNCGATE_SEND_QUEUE_BYTES"},
+		{"stray argument", []string{"extra"}, nil, `"extra"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := parseConfig(tc.args, env(tc.env), io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want it to mention %s", err, tc.want)
+			}
+		})
+	}
+}
