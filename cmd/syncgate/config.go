@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path"
 	"sort"
 	"strconv"
 	"strings"
@@ -92,13 +93,13 @@ var settings = []setting{
 		durationSetting(func(c *config) *time.Duration { return &c.Gateway.PongTimeout })},
 	{"max-subscriptions", "SYNCGATE_MAX_SUBSCRIPTIONS", "128", "active subscriptions per session",
 		intSetting(func(c *config) *int { return &c.Gateway.MaxSubscriptions })},
-	{"allowed-origins", "SYNCGATE_ALLOWED_ORIGINS", "", "comma-separated Origin host patterns allowed besides the request's own host (e.g. app.example.com,*.example.com)",
+	{"allowed-origins", "SYNCGATE_ALLOWED_ORIGINS", "", "comma-separated Origin patterns allowed besides the request's own host: host[:port] (app.example.com, *.example.com, localhost:5173) or scheme://host (https://app.example.com)",
 		func(c *config, v string) error {
 			c.Gateway.AllowedOrigins = nil
 			for _, o := range strings.Split(v, ",") {
 				if o = strings.TrimSpace(o); o != "" {
-					if strings.Contains(o, "://") {
-						return fmt.Errorf("want host patterns without a scheme, got %q", o)
+					if _, err := path.Match(o, ""); err != nil {
+						return fmt.Errorf("bad pattern %q: %w", o, err)
 					}
 					c.Gateway.AllowedOrigins = append(c.Gateway.AllowedOrigins, o)
 				}

@@ -79,7 +79,7 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"bad duration flag", []string{"-pong-timeout", "soon"}, nil, "-pong-timeout"},
 		{"small frame", nil, map[string]string{"SYNCGATE_MAX_FRAME": "10"}, "SYNCGATE_MAX_FRAME"},
 		{"log format", nil, map[string]string{"SYNCGATE_LOG_FORMAT": "xml"}, "SYNCGATE_LOG_FORMAT"},
-		{"origin with scheme", nil, map[string]string{"SYNCGATE_ALLOWED_ORIGINS": "https://a.example"}, "SYNCGATE_ALLOWED_ORIGINS"},
+		{"bad origin pattern", nil, map[string]string{"SYNCGATE_ALLOWED_ORIGINS": "a.example,[x"}, "SYNCGATE_ALLOWED_ORIGINS"},
 		{"unknown yaml key", nil, map[string]string{"SYNCGATE_CONFIG": badKey}, `"adr"`},
 		{"missing file", nil, map[string]string{"SYNCGATE_CONFIG": filepath.Join(dir, "nope.yaml")}, "config file"},
 		{"queue smaller than frame", nil, map[string]string{"SYNCGATE_SEND_QUEUE_BYTES": "1000"}, "SYNCGATE_SEND_QUEUE_BYTES"},
