@@ -217,6 +217,8 @@ func TestDecode_Lenient(t *testing.T) {
 		{"max int64", `{"type":"mutate","v":1,"key":"k","seq":9223372036854775807,"name":"n","input":0}`,
 			&Mutate{Key: "k", Seq: 1<<63 - 1, Name: "n", Input: json.RawMessage(`0`)}},
 		{"ack ref empty", `{"type":"ack","v":1,"ref":"","lsn":null,"error":null}`, &Ack{}},
+		{"escaped offset", `{"type":"snapshot","v":1,"sid":"s","rows":[],"cursor":{"qid":"q","lsn":"0000000000000000_000000000000004\u0032","digest":"","ids":[],"count":0,"at":0}}`,
+			&Snapshot{SID: "s", Rows: []json.RawMessage{}, Cursor: Cursor{QID: "q", LSN: "0000000000000000_0000000000000042", IDs: []string{}}}},
 		{"max depth", `{"type":"mutate","v":1,"key":"k","seq":0,"name":"n","input":` + strings.Repeat("[", maxDepth-1) + strings.Repeat("]", maxDepth-1) + `}`,
 			&Mutate{Key: "k", Name: "n", Input: json.RawMessage(strings.Repeat("[", maxDepth-1) + strings.Repeat("]", maxDepth-1))}},
 	}
@@ -225,6 +227,23 @@ func TestDecode_Lenient(t *testing.T) {
 			t.Parallel()
 			assertEqual(t, "decoded", mustDecode(t, tt.line), tt.want)
 		})
+	}
+}
+
+// TestDecode_DoesNotRetain overwrites the input after decoding.
+func TestDecode_DoesNotRetain(t *testing.T) {
+	t.Parallel()
+	for _, l := range validLines {
+		line := []byte(l.line)
+		f, err := Decode(line)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := string(mustEncode(t, f))
+		for i := range line {
+			line[i] = 'x'
+		}
+		assertEqual(t, l.name, string(mustEncode(t, f)), before)
 	}
 }
 
