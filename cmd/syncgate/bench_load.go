@@ -1,0 +1,466 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/syncgate/syncgate/client"
+	"github.com/syncgate/syncgate/frames"
+)
+
+// This file holds what fanout and topics share: the message layout, the
+// subscriber that counts and times deliveries, the paced pipelined
+// publisher, and the wait for acks and stragglers.
+
+// loadFlags are the flags of the publishing benches.
+type loadFlags struct {
+	rate float64
+	dur  time.Duration
+	size int
+	wait time.Duration
+}
+
+func (l *loadFlags) register(fs *flag.FlagSet) {
+	fs.Float64Var(&l.rate, "rate", 1000, "publishes per second, in total")
+	fs.DurationVar(&l.dur, "dur", 10*time.Second, "how long to publish")
+	fs.IntVar(&l.size, "size", 100, "bytes of each message's data (a JSON object: send time + padding; at least "+
+		strconv.Itoa(minDataSize)+")")
+	fs.DurationVar(&l.wait, "wait", 5*time.Second, "after -dur, how long to wait for outstanding acks and deliveries")
+}
+
+func (l *loadFlags) validate(b benchFlags) error {
+	switch {
+	case !(l.rate > 0) || math.IsInf(l.rate, 0):
+		return errors.New("bench: -rate must be positive")
+	case l.dur <= 0:
+		return errors.New("bench: -dur must be positive")
+	case l.size < 0 || l.size > maxDataSize:
+		return fmt.Errorf("bench: -size must be between 0 and %d", maxDataSize)
+	case l.wait < 0:
+		return errors.New("bench: -wait must not be negative")
+	case l.dur+l.wait >= b.timeout:
+		return fmt.Errorf("bench: -timeout (%s) must exceed -dur + -wait (%s) plus setup time", b.timeout, l.dur+l.wait)
+	}
+	l.size = max(l.size, minDataSize)
+	return nil
+}
+
+// Message data is {"t":<send time, Unix ns>,"p":"<padding>"}. The
+// timestamp comes first so that a subscriber finds it with one scan of the
+// row the gateway wraps around it: {"id":…,"data":{"t":…,"p":…},…}.
+const (
+	dataPrefix  = `{"t":`
+	minDataSize = len(dataPrefix) + 19 + len(`,"p":""}`) // 19 digits: Unix ns until 2286
+	maxDataSize = 1 << 20                                // the gateway's frame limit is far lower by default
+)
+
+var rowTimeKey = []byte(`"data":` + dataPrefix)
+
+// appendData appends a message whose data is size bytes (or the minimum
+// that carries t) to dst.
+func appendData(dst []byte, t int64, size int) []byte {
+	n := len(dst)
+	dst = append(dst, dataPrefix...)
+	dst = strconv.AppendInt(dst, t, 10)
+	dst = append(dst, `,"p":"`...)
+	for pad := size - (len(dst) - n) - len(`"}`); pad > 0; pad-- {
+		dst = append(dst, 'x')
+	}
+	return append(dst, `"}`...)
+}
+
+// rowSendTime returns the send time in a delivered row, without decoding
+// the rest of it.
+func rowSendTime(row []byte) (int64, bool) {
+	i := bytes.Index(row, rowTimeKey)
+	if i < 0 {
+		return 0, false
+	}
+	i += len(rowTimeKey)
+	var t int64
+	j := i
+	for ; j < len(row) && j-i < 19 && '0' <= row[j] && row[j] <= '9'; j++ {
+		t = t*10 + int64(row[j]-'0')
+	}
+	return t, j > i
+}
+
+// benchSub is one subscriber session: it counts its deliveries and records
+// their latency. handle runs on the client's read loop.
+type benchSub struct {
+	c    *client.Client
+	hist *histShard
+	all  *countdown // ticked once when this subscriber has all it expects
+
+	count   atomic.Int64 // deliveries with a timestamp
+	bad     atomic.Int64 // deliveries whose row had no timestamp
+	last    atomic.Int64 // Unix ns of the latest delivery, 0 before
+	target  atomic.Int64 // deliveries expected; -1 until the publisher is done
+	reached atomic.Bool
+}
+
+func newBenchSub(hist *histShard, all *countdown) *benchSub {
+	s := &benchSub{hist: hist, all: all}
+	s.target.Store(-1)
+	return s
+}
+
+func (s *benchSub) handle(p *frames.Patch) {
+	now := time.Now().UnixNano()
+	var n int64
+	for i := range p.Patches {
+		t, ok := rowSendTime(p.Patches[i].Row)
+		if !ok {
+			s.bad.Add(1)
+			continue
+		}
+		s.hist.record(now - t)
+		n = s.count.Add(1)
+	}
+	s.last.Store(now)
+	if t := s.target.Load(); t >= 0 && n >= t {
+		s.reach()
+	}
+}
+
+// expect sets how many deliveries s should get. Either expect or handle
+// sees the count reach it, whichever comes second.
+func (s *benchSub) expect(n int64) {
+	s.target.Store(n)
+	if s.count.Load() >= n {
+		s.reach()
+	}
+}
+
+// reach ticks the countdown once.
+func (s *benchSub) reach() {
+	if s.reached.CompareAndSwap(false, true) {
+		s.all.tick()
+	}
+}
+
+// countdown closes done when tick has been called n times.
+type countdown struct {
+	left atomic.Int64
+	done chan struct{}
+}
+
+func newCountdown(n int) *countdown {
+	c := &countdown{done: make(chan struct{})}
+	c.left.Store(int64(n))
+	if n == 0 {
+		close(c.done)
+	}
+	return c
+}
+
+func (c *countdown) tick() {
+	if c.left.Add(-1) == 0 {
+		close(c.done)
+	}
+}
+
+// openSubs dials n subscriber sessions, -dial-concurrency at a time, each
+// following topic(i) with a benchSub handler. If any fails it closes the
+// others and returns an error naming the first failure: results over fewer
+// subscribers than asked for would be mislabelled.
+func (e *benchEnv) openSubs(ctx context.Context, n int, topic func(i int) string, hist *histogram) ([]*benchSub, *countdown, error) {
+	all := newCountdown(n)
+	subs := make([]*benchSub, n)
+	var fails firstError
+	forEach(ctx, n, e.flags.dialConcurrency, func(i int) {
+		s := newBenchSub(hist.shard(i), all)
+		c, err := e.dial(ctx)
+		if err != nil {
+			fails.record(err)
+			return
+		}
+		s.c = c
+		subs[i] = s
+		sctx, cancel := context.WithTimeout(ctx, e.flags.dialTimeout)
+		defer cancel()
+		if _, err := c.Subscribe(sctx, topic(i), nil, s.handle); err != nil {
+			fails.record(fmt.Errorf("subscribe %s: %w", topic(i), err))
+		}
+	})
+	if fails.n.Load() == 0 && ctx.Err() == nil {
+		return subs, all, nil
+	}
+	closeAll(e.flags.dialConcurrency, subClients(subs))
+	if ctx.Err() != nil {
+		return nil, nil, runErr(ctx, e.flags)
+	}
+	return nil, nil, fmt.Errorf("bench: %d of %d subscribers failed; first: %s", fails.n.Load(), n, fails.first())
+}
+
+// subClients returns the subscribers' clients (nil for unopened ones).
+func subClients(subs []*benchSub) []*client.Client {
+	cs := make([]*client.Client, len(subs))
+	for i, s := range subs {
+		if s != nil {
+			cs[i] = s.c
+		}
+	}
+	return cs
+}
+
+// benchPub is the publisher session. Its completion callbacks run on the
+// client's read loop; run runs on the bench's goroutine.
+type benchPub struct {
+	c          *client.Client
+	ackHist    *histShard     // if set, send → ack latency
+	topicAcked []atomic.Int64 // if set, acks by topic index
+
+	acked     atomic.Int64
+	errs      firstError
+	completed atomic.Int64 // acks and errors
+	target    atomic.Int64 // completions expected; -1 while publishing
+	allDone   chan struct{}
+	doneOnce  sync.Once
+}
+
+func newBenchPub(c *client.Client) *benchPub {
+	p := &benchPub{c: c, allDone: make(chan struct{})}
+	p.target.Store(-1)
+	return p
+}
+
+func (p *benchPub) complete(t0 int64, topic int, err error) {
+	if err != nil {
+		p.errs.record(err)
+	} else {
+		p.acked.Add(1)
+		if p.ackHist != nil {
+			p.ackHist.record(time.Now().UnixNano() - t0)
+		}
+		if p.topicAcked != nil {
+			p.topicAcked[topic].Add(1)
+		}
+	}
+	if n, t := p.completed.Add(1), p.target.Load(); t >= 0 && n >= t {
+		p.doneOnce.Do(func() { close(p.allDone) })
+	}
+}
+
+// expect sets the number of completions to wait for; see benchSub.expect.
+func (p *benchPub) expect(n int64) {
+	p.target.Store(n)
+	if p.completed.Load() >= n {
+		p.doneOnce.Do(func() { close(p.allDone) })
+	}
+}
+
+// pubRun is what the publish loop did.
+type pubRun struct {
+	start, end time.Time // first and last send
+	sent       int64     // publishes written
+	behind     int64     // publishes due in the window but never written
+	err        error     // why publishing stopped early, if it did
+}
+
+// run publishes at l.rate for l.dur: on every tick it writes as many
+// messages as are due since start, so the rate holds however coarse the
+// ticks are. Message k goes to topics[k % len(topics)]. It stops early
+// when ctx ends or the connection does, and gives up catching up once it
+// lags a second past the window.
+func (p *benchPub) run(ctx context.Context, l loadFlags, topics []string) pubRun {
+	total := int64(math.Round(l.rate * l.dur.Seconds()))
+	period := min(max(time.Duration(float64(time.Second)/l.rate), time.Millisecond), 10*time.Millisecond)
+	tick := time.NewTicker(period)
+	defer tick.Stop()
+	const maxLag = time.Second
+
+	buf := make([]byte, 0, l.size+8)
+	r := pubRun{start: time.Now()}
+	end := r.start.Add(l.dur)
+	for {
+		due := total
+		if elapsed := time.Since(r.start); elapsed < l.dur {
+			due = min(total, int64(l.rate*elapsed.Seconds()))
+		}
+		for r.sent < due {
+			t0 := time.Now()
+			if t0.Sub(end) > maxLag {
+				r.behind = total - r.sent
+				r.end = t0
+				return r
+			}
+			k := r.sent
+			ti := int(k % int64(len(topics)))
+			buf = appendData(buf[:0], t0.UnixNano(), l.size)
+			err := p.c.PublishAsync(ctx, topics[ti], buf, func(_ string, err error) {
+				p.complete(t0.UnixNano(), ti, err)
+			})
+			if err != nil {
+				r.err = fmt.Errorf("publish: %w", err)
+				r.behind = total - r.sent
+				r.end = time.Now()
+				return r
+			}
+			r.sent++
+		}
+		if r.sent >= total {
+			r.end = time.Now()
+			return r
+		}
+		select {
+		case <-ctx.Done():
+			r.err = ctx.Err()
+			r.behind = total - r.sent
+			r.end = time.Now()
+			return r
+		case <-tick.C:
+		}
+	}
+}
+
+// loadResult is what the wait after publishing measured.
+type loadResult struct {
+	acked, pubErrors, unacked int64
+	firstPubError             string
+	delivered, bad            int64
+	lastDelivery              time.Time // zero if none
+	disconnects               int
+	firstDisconnect           string
+}
+
+// settle waits until every publish has completed and every subscriber has
+// what was acked for it (expected(i)), or until deadline. Subscribers whose
+// connection has ended are given up on. It then reads the counters.
+func settle(ctx context.Context, p *benchPub, sent int64, subs []*benchSub, all *countdown,
+	expected func(i int) int64, deadline time.Time) (loadResult, error) {
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	timedOut := false
+
+	p.expect(sent)
+	select {
+	case <-p.allDone:
+	case <-timer.C:
+		timedOut = true
+	case <-ctx.Done():
+		return loadResult{}, ctx.Err()
+	}
+	for i, s := range subs {
+		s.expect(expected(i))
+	}
+	poll := time.NewTicker(stragglerPoll)
+	defer poll.Stop()
+wait:
+	for !timedOut {
+		select {
+		case <-all.done:
+			break wait
+		case <-timer.C:
+			break wait
+		case <-ctx.Done():
+			return loadResult{}, ctx.Err()
+		case <-poll.C:
+			for _, s := range subs {
+				select {
+				case <-s.c.Done():
+					s.reach() // it will never catch up
+				default:
+				}
+			}
+		}
+	}
+
+	r := loadResult{
+		acked:         p.acked.Load(),
+		pubErrors:     p.errs.n.Load(),
+		firstPubError: p.errs.first(),
+	}
+	r.unacked = sent - r.acked - r.pubErrors
+	var last int64
+	for _, s := range subs {
+		r.delivered += s.count.Load()
+		r.bad += s.bad.Load()
+		last = max(last, s.last.Load())
+		if err := s.c.Err(); err != nil {
+			r.disconnects++
+			if r.firstDisconnect == "" {
+				r.firstDisconnect = err.Error()
+			}
+		}
+	}
+	if last > 0 {
+		r.lastDelivery = time.Unix(0, last)
+	}
+	return r, nil
+}
+
+// cpuWindow measures server and bench CPU over the publishing window.
+type cpuWindow struct {
+	start       time.Time
+	serverStart scrape
+	benchStart  time.Duration
+	benchOK     bool
+}
+
+func (e *benchEnv) startCPU(ctx context.Context, stderr io.Writer) cpuWindow {
+	w := cpuWindow{serverStart: e.scrapeOrWarn(ctx, stderr, "before the window")}
+	w.benchStart, w.benchOK = processCPU()
+	w.start = time.Now()
+	return w
+}
+
+// cpuJSON is CPU use over the window.
+type cpuJSON struct {
+	WindowS                float64  `json:"window_s"`
+	ServerCores            *float64 `json:"server_cores"`
+	BenchCores             *float64 `json:"bench_cores"`
+	ServerCPUUsPerDelivery *float64 `json:"server_cpu_us_per_delivery"`
+	ServerSlowConsumer     *float64 `json:"server_slow_consumer_closes"`
+	ServerQueueDrops       *float64 `json:"server_queue_full_drops"`
+}
+
+// stop ends the window; deliveries is what the server delivered in it.
+func (w cpuWindow) stop(ctx context.Context, e *benchEnv, stderr io.Writer, deliveries int64) cpuJSON {
+	benchEnd, ok := processCPU()
+	wall := time.Since(w.start)
+	after := e.scrapeOrWarn(ctx, stderr, "after the window")
+	j := cpuJSON{WindowS: round(wall.Seconds(), 3)}
+	if ok && w.benchOK {
+		j.BenchCores = ptr(round(ratio((benchEnd-w.benchStart).Seconds(), wall.Seconds()), 3))
+	}
+	if d := delta(w.serverStart, after, metricCPU); d != nil {
+		j.ServerCores = ptr(round(ratio(*d, wall.Seconds()), 3))
+		if deliveries > 0 {
+			j.ServerCPUUsPerDelivery = ptr(round(*d/float64(deliveries)*1e6, 3))
+		}
+	}
+	j.ServerSlowConsumer = optRound(delta(w.serverStart, after, metricSlowConsumer), 0)
+	j.ServerQueueDrops = optRound(delta(w.serverStart, after, metricQueueDrops), 0)
+	return j
+}
+
+// String is the summary line form.
+func (j cpuJSON) String() string {
+	s := "cpu        "
+	if j.ServerCores != nil {
+		s += fmt.Sprintf("server %.2f cores", *j.ServerCores)
+		if j.ServerCPUUsPerDelivery != nil {
+			s += fmt.Sprintf(" (%.2f µs/delivery)", *j.ServerCPUUsPerDelivery)
+		}
+	} else {
+		s += "server n/a"
+	}
+	if j.BenchCores != nil {
+		s += fmt.Sprintf(", bench %.2f cores", *j.BenchCores)
+	}
+	s += fmt.Sprintf(" over %.2fs", j.WindowS)
+	if j.ServerSlowConsumer != nil && *j.ServerSlowConsumer > 0 {
+		s += fmt.Sprintf("; server closed %.0f slow consumers", *j.ServerSlowConsumer)
+	}
+	return s
+}
