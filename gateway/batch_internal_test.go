@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -61,12 +62,16 @@ func TestSession_WriteBatchOneMessage(t *testing.T) {
 			}
 			defer srv.Shutdown(context.Background())
 			sc, cc := connPair(t)
-			s := newSession(srv, sc, "id", "test")
+			s := newSession(context.Background(), srv, sc, "id", "test")
 			prefix := []byte(`{"p":`)
 			for _, body := range []string{`"aaa"}`, `"bbb"}`, `"ccc"}`, `"ddd"}`, `"eee"}`} {
-				s.enqueue(outItem{prefix: prefix, body: []byte(body), kind: idxPatch})
+				// push, not enqueue: no writer starts, the test writes.
+				if r := s.q.push(outItem{prefix: prefix, body: []byte(body), kind: idxPatch}, 100, 1<<20); r == pushFull || r == pushClosed {
+					t.Fatal("push refused")
+				}
 			}
-			if err := s.writeBatch(t.Context(), s.q.swap(nil)); err != nil {
+			items, _, _, _ := s.q.next(nil)
+			if err := s.writeBatch(t.Context(), items); err != nil {
 				t.Fatal(err)
 			}
 			var got [][]byte
@@ -87,29 +92,32 @@ func TestSession_WriteBatchOneMessage(t *testing.T) {
 }
 
 func TestSendQueue_Bounds(t *testing.T) {
-	q := sendQueue{wake: make(chan struct{}, 1)}
+	var wg sync.WaitGroup
+	q := sendQueue{writers: &wg}
 	it := outItem{body: make([]byte, 10)}
-	for i := range 3 {
-		if full, closed := q.push(it, 3, 100); full || closed {
-			t.Fatalf("push %d refused", i)
+	for i, want := range []pushResult{pushedStart, pushed, pushed, pushFull} {
+		if got := q.push(it, 3, 100); got != want {
+			t.Fatalf("push %d = %d, want %d", i, got, want)
 		}
 	}
-	if full, _ := q.push(it, 3, 100); !full {
-		t.Fatal("4th push over a 3-message bound accepted")
+	if got := q.push(outItem{body: make([]byte, 80)}, 10, 100); got != pushFull {
+		t.Fatalf("push over the byte bound = %d", got)
 	}
-	if _, closed := q.push(it, 3, 100); !closed {
-		t.Fatal("push after overflow accepted")
+	items, _, _, done := q.next(nil)
+	if len(items) != 3 || done {
+		t.Fatalf("next returned %d items, done %v", len(items), done)
 	}
-	q2 := sendQueue{wake: make(chan struct{}, 1)}
-	if full, _ := q2.push(outItem{body: make([]byte, 101)}, 10, 100); !full {
-		t.Fatal("push over the byte bound accepted")
+	if _, _, _, done := q.next(items); !done {
+		t.Fatal("empty queue not done")
 	}
-	q3 := sendQueue{wake: make(chan struct{}, 1)}
-	q3.push(it, 10, 100)
-	if got := q3.swap(nil); len(got) != 1 {
-		t.Fatalf("swap returned %d items", len(got))
+	if got := q.push(it, 3, 100); got != pushedStart {
+		t.Fatalf("push after the writer stopped = %d, want a new writer", got)
 	}
-	if got := q3.swap(nil); len(got) != 0 {
-		t.Fatalf("second swap returned %d items", len(got))
+	q.mu.Lock()
+	q.reason = reasonShutdown
+	q.mu.Unlock()
+	if got := q.push(it, 3, 100); got != pushClosed {
+		t.Fatalf("push while closing = %d", got)
 	}
+	wg.Add(-2) // the two writers this test claimed and never ran
 }

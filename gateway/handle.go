@@ -105,7 +105,7 @@ func (s *session) handleFrameSubscribe(ctx context.Context, f *frames.Subscribe)
 		}
 		delete(s.subs, f.SID)
 		if err := s.srv.transport.Unsubscribe(ctx, sub.topic, sub); err != nil {
-			s.log.Warn("unsubscribe failed", "topic", sub.topic, "err", err)
+			s.log().Warn("unsubscribe failed", "topic", sub.topic, "err", err)
 		}
 		s.sendAck(f.SID, nil)
 		return
@@ -140,7 +140,7 @@ func (s *session) handleFrameSubscribe(ctx context.Context, f *frames.Subscribe)
 		}})
 	})
 	if err != nil {
-		s.log.Warn("subscribe failed", "topic", f.Target.Topic, "err", err)
+		s.log().Warn("subscribe failed", "topic", f.Target.Topic, "err", err)
 		s.sendError(frames.NewError(frames.CodeInternal, f.SID, "the server could not subscribe", "retry later"))
 		return
 	}
@@ -179,7 +179,7 @@ func (s *session) mutate(ctx context.Context, f *frames.Mutate) outcome {
 	}
 	lsn, err := s.srv.publish(ctx, *in.Topic, nil, in.Data)
 	if err != nil {
-		s.log.Warn("publish failed", "topic", *in.Topic, "err", err)
+		s.log().Warn("publish failed", "topic", *in.Topic, "err", err)
 		o.err = frames.NewError(frames.CodeInternal, f.Key, "the server could not publish", "retry the same mutate (same key and seq) later")
 		return o
 	}

@@ -103,7 +103,7 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "server is shutting down", http.StatusServiceUnavailable)
 		return
 	}
-	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{
+	conn, err := websocket.Accept(hijackSizer{w}, r, &websocket.AcceptOptions{
 		OriginPatterns:  s.cfg.AllowedOrigins,
 		CompressionMode: websocket.CompressionDisabled,
 	})
@@ -114,14 +114,20 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	conn.SetReadLimit(s.cfg.MaxFrameBytes)
-	sess := newSession(s, conn, newSessionID(), r.RemoteAddr)
+	sess := newSession(s.baseCtx, s, conn, newSessionID(), r.RemoteAddr)
 	if !s.register(sess) {
 		_ = conn.Close(websocket.StatusGoingAway, closeReasons[reasonShutdown].text)
 		return
 	}
-	defer s.unregister(sess)
 	s.metrics.accepted.Inc()
-	sess.run(s.baseCtx)
+	// The session gets a goroutine of its own (joined to s.wg by register)
+	// and this handler returns, so net/http frees the request, its headers
+	// and the handler's grown stack: an idle session keeps only what it
+	// needs.
+	go func() {
+		defer s.unregister(sess)
+		sess.run()
+	}()
 }
 
 // register adds sess unless the server is draining; it also joins s.wg, so

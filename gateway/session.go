@@ -18,11 +18,11 @@ import (
 // goroutines.
 type session struct {
 	// Static after construction.
-	srv  *Server
-	conn *websocket.Conn
-	id   string
-	log  *slog.Logger
-	done chan struct{} // closed by closeWith
+	srv    *Server
+	conn   *websocket.Conn
+	id     string
+	remote string
+	ctx    context.Context // parent of writes; cancelled when run returns
 
 	// Set by the hello handler on the reader goroutine before helloDone is
 	// stored; read only by the reader afterwards.
@@ -34,16 +34,16 @@ type session struct {
 	// Owned by the reader goroutine.
 	subs map[string]*subscription
 
-	// Send side; safe from any goroutine.
-	q sendQueue
+	// Send side; safe from any goroutine. q.mu also guards pingTimer's
+	// re-arming and the decision to start a writer.
+	q         sendQueue
+	writers   sync.WaitGroup // the writer goroutine, while one runs
+	pingTimer *time.Timer
 
-	// lastRead is when the reader last got a message (Unix nanoseconds);
-	// inbound traffic proves the peer alive, so the writer skips pings.
+	// closing is set by closeWith; lastRead is when the reader last got a
+	// message (Unix nanoseconds): inbound traffic proves the peer alive.
+	closing  atomic.Bool
 	lastRead atomic.Int64
-
-	// Written once by closeWith before done is closed.
-	closeOnce sync.Once
-	reason    closeReason
 }
 
 // subscription is one session's subscription to a topic: the
@@ -60,41 +60,52 @@ func (sub *subscription) Deliver(m *fanout.Message) {
 	sub.s.enqueue(outItem{prefix: sub.prefix, body: m.Data, at: m.At.UnixNano(), kind: idxPatch})
 }
 
-func newSession(srv *Server, conn *websocket.Conn, id, remote string) *session {
-	return &session{
-		srv:  srv,
-		conn: conn,
-		id:   id,
-		log:  srv.log.With(logKeySession, id, logKeyRemote, remote),
-		done: make(chan struct{}),
-		subs: map[string]*subscription{},
-		q:    sendQueue{wake: make(chan struct{}, 1)},
+func newSession(ctx context.Context, srv *Server, conn *websocket.Conn, id, remote string) *session {
+	s := &session{
+		srv:    srv,
+		conn:   conn,
+		id:     id,
+		remote: remote,
+		ctx:    ctx,
+		subs:   map[string]*subscription{},
 	}
+	s.q.writers = &s.writers
+	return s
 }
 
-// run serves the session until it ends; it is the reader goroutine and it
-// owns the writer goroutine, which it waits for.
-func (s *session) run(ctx context.Context) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	wg.Go(func() { s.writeLoop(ctx) })
+// log returns the session's logger. It is built on use: sessions log
+// rarely, and an idle session should not hold one.
+func (s *session) log() *slog.Logger {
+	return s.srv.log.With(logKeySession, s.id, logKeyRemote, s.remote)
+}
+
+// run serves the session until it ends. It is the reader goroutine; it
+// waits for the writer and the timers before it returns.
+func (s *session) run() {
+	s.q.mu.Lock()
+	s.pingTimer = time.AfterFunc(s.srv.cfg.PingInterval, s.pingTick)
+	s.q.mu.Unlock()
 	hello := time.AfterFunc(s.srv.cfg.HelloTimeout, func() {
 		if !s.helloDone.Load() {
 			s.closeWith(reasonHelloTimeout)
 		}
 	})
-	err := s.readLoop(ctx)
+	err := s.readLoop()
 	hello.Stop()
 	s.closeWith(readErrorReason(err))
-	wg.Wait()
+	s.q.mu.Lock() // after closeWith no writer starts and the timer is not re-armed
+	s.pingTimer.Stop()
+	s.q.mu.Unlock()
+	s.writers.Wait()
 	for _, sub := range s.subs {
-		_ = s.srv.transport.Unsubscribe(context.WithoutCancel(ctx), sub.topic, sub)
+		_ = s.srv.transport.Unsubscribe(context.Background(), sub.topic, sub)
 	}
 	if s.prod != nil {
 		s.srv.producers.release(s.prod, s.srv.cfg.Now())
 	}
-	s.log.Debug("session closed", "reason", s.reason.String(), "err", err)
+	if s.srv.log.Enabled(context.Background(), slog.LevelDebug) {
+		s.log().Debug("session closed", "reason", s.q.reason.String(), "err", err)
+	}
 }
 
 func readErrorReason(err error) closeReason {
@@ -108,9 +119,11 @@ func readErrorReason(err error) closeReason {
 	}
 }
 
-func (s *session) readLoop(ctx context.Context) error {
+func (s *session) readLoop() error {
 	for {
-		typ, msg, err := s.conn.Read(ctx)
+		// No ctx: closing the connection is what ends a read, and a
+		// cancellable ctx would cost a registration per message.
+		typ, msg, err := s.conn.Read(context.Background())
 		if err != nil {
 			return err
 		}
@@ -122,41 +135,59 @@ func (s *session) readLoop(ctx context.Context) error {
 			continue
 		}
 		frames.Split(msg, func(line []byte) bool {
-			s.handleLine(ctx, line)
-			return !s.isClosing()
+			s.handleLine(s.ctx, line)
+			return !s.closing.Load()
 		})
 	}
 }
 
 // closeWith ends the session for reason r; the first reason wins. It never
-// blocks: the writer goroutine sends the close frame.
+// blocks: the writer (started here if none runs) sends the close frame.
 func (s *session) closeWith(r closeReason) {
-	s.closeOnce.Do(func() {
-		s.reason = r
-		s.q.close()
-		close(s.done)
-		s.srv.metrics.closes[r].Inc()
-	})
+	s.q.mu.Lock()
+	if s.q.reason != reasonNone {
+		s.q.mu.Unlock()
+		return
+	}
+	s.q.reason = r
+	start := s.claimWriterLocked()
+	s.q.mu.Unlock()
+	s.closing.Store(true)
+	s.srv.metrics.closes[r].Inc()
+	if start {
+		s.spawnWriter()
+	}
 }
 
-func (s *session) isClosing() bool {
-	select {
-	case <-s.done:
-		return true
-	default:
+// claimWriterLocked marks a writer as running and joins it to s.writers
+// (under q.mu, so run's Wait sees every Add). It reports whether the caller
+// must spawn it.
+func (s *session) claimWriterLocked() bool {
+	if s.q.writing {
 		return false
 	}
+	s.q.writing = true
+	s.q.writers.Add(1)
+	return true
+}
+
+func (s *session) spawnWriter() {
+	go func() {
+		defer s.writers.Done()
+		s.writeLoop(s.ctx)
+	}()
 }
 
 // enqueue queues it for the writer. A full queue closes the session as a
 // slow consumer.
 func (s *session) enqueue(it outItem) {
-	full, closed := s.q.push(it, s.srv.cfg.SendQueueMessages, s.srv.cfg.SendQueueBytes)
-	switch {
-	case full:
+	switch s.q.push(it, s.srv.cfg.SendQueueMessages, s.srv.cfg.SendQueueBytes) {
+	case pushedStart:
+		s.spawnWriter()
+	case pushFull:
 		s.srv.metrics.drops[dropQueueFull].Inc()
 		s.closeWith(reasonSlowConsumer)
-	case closed:
+	case pushClosed:
 		s.srv.metrics.drops[dropSessionClosed].Inc()
 	}
 }
@@ -166,7 +197,7 @@ func (s *session) send(f frames.Frame) {
 	b, err := frames.Encode(f)
 	if err != nil {
 		// Only a server bug can make our own frames unencodable.
-		s.log.Error("encode failed", "type", f.FrameType(), "err", err)
+		s.log().Error("encode failed", "type", f.FrameType(), "err", err)
 		return
 	}
 	s.enqueue(outItem{body: b, kind: int8(frameIndex(f.FrameType()))})

@@ -21,97 +21,109 @@ type outItem struct {
 func (it *outItem) size() int { return len(it.prefix) + len(it.body) }
 
 // sendQueue is a session's bounded queue between producers (handlers and
-// fanout deliveries) and the writer goroutine. push never blocks.
+// fanout deliveries) and its writer. push never blocks.
+//
+// The writer goroutine exists only while there is work: push starts it when
+// the queue goes from idle to non-empty, and it exits when it finds the
+// queue empty. An idle session therefore holds no writer goroutine and no
+// write buffer. At most one writer runs at a time, so it alone writes data
+// frames to the connection.
 type sendQueue struct {
-	wake chan struct{} // capacity 1: "the queue is not empty"
+	mu      sync.Mutex
+	items   []outItem   // guarded by mu
+	bytes   int         // guarded by mu
+	writing bool        // guarded by mu: a writer goroutine is running (or must be started)
+	pingDue bool        // guarded by mu: the writer should ping before it exits
+	reason  closeReason // guarded by mu: set once by closeWith; then nothing is accepted
 
-	mu     sync.Mutex
-	items  []outItem // guarded by mu
-	bytes  int       // guarded by mu
-	closed bool      // guarded by mu
+	writers *sync.WaitGroup // joined under mu whenever writing turns true
 }
 
-// push appends it unless the queue is closed or would exceed its bounds.
-// It reports full when the bounds are exceeded (the caller closes the
-// session) and closed when the queue no longer accepts frames.
-func (q *sendQueue) push(it outItem, maxItems, maxBytes int) (full, closed bool) {
+// pushResult says what became of a pushed frame.
+type pushResult int8
+
+const (
+	pushed      pushResult = iota // queued; the running writer will send it
+	pushedStart                   // queued; the caller must start a writer
+	pushFull                      // refused: the queue is over a bound
+	pushClosed                    // refused: the session is closing
+)
+
+// push appends it unless the session is closing or the queue would exceed
+// maxItems or maxBytes.
+func (q *sendQueue) push(it outItem, maxItems, maxBytes int) pushResult {
 	q.mu.Lock()
-	if q.closed {
-		q.mu.Unlock()
-		return false, true
-	}
-	if len(q.items)+1 > maxItems || q.bytes+it.size() > maxBytes {
-		q.closed = true
-		q.mu.Unlock()
-		return true, false
+	defer q.mu.Unlock()
+	switch {
+	case q.reason != reasonNone:
+		return pushClosed
+	case len(q.items)+1 > maxItems || q.bytes+it.size() > maxBytes:
+		return pushFull
 	}
 	q.items = append(q.items, it)
 	q.bytes += it.size()
-	q.mu.Unlock()
-	select {
-	case q.wake <- struct{}{}:
-	default:
+	if q.writing {
+		return pushed
 	}
-	return false, false
+	q.writing = true
+	q.writers.Add(1)
+	return pushedStart
 }
 
-// swap hands the queued items to the writer and takes spare (emptied) as the
-// new backing slice, so steady state allocates nothing.
-func (q *sendQueue) swap(spare []outItem) []outItem {
+// next hands the writer everything queued, taking spare (emptied) as the new
+// backing slice so steady state allocates nothing. When there is nothing to
+// do it marks the writer stopped and returns done; closing reports that the
+// session is closing, with the reason.
+func (q *sendQueue) next(spare []outItem) (items []outItem, ping bool, reason closeReason, done bool) {
 	clear(spare)
 	q.mu.Lock()
-	items := q.items
-	q.items = spare[:0]
-	q.bytes = 0
-	q.mu.Unlock()
-	return items
-}
-
-// close stops the queue accepting frames; queued frames stay for a flush.
-func (q *sendQueue) close() {
-	q.mu.Lock()
-	q.closed = true
-	q.mu.Unlock()
+	defer q.mu.Unlock()
+	items, ping, reason = q.items, q.pingDue, q.reason
+	if len(items) == 0 && !ping && reason == reasonNone {
+		q.writing = false
+		return nil, false, reasonNone, true
+	}
+	q.items, q.bytes, q.pingDue = spare[:0], 0, false
+	return items, ping, reason, false
 }
 
 // writeBufPool holds batch buffers, so idle sessions hold none.
 var writeBufPool = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }}
 
-// writeLoop is the session's writer goroutine: the only code that writes to
-// the connection. It drains the queue into batched messages, pings, and on
-// close sends the close frame.
+// writeLoop drains the queue into batched messages until it is empty, pings
+// when asked, and, once the session is closing, sends the close frame.
 func (s *session) writeLoop(ctx context.Context) {
-	ping := time.NewTicker(s.srv.cfg.PingInterval)
-	defer ping.Stop()
 	var batch []outItem
 	for {
-		select {
-		case <-s.q.wake:
-		case <-ping.C:
+		items, ping, reason, done := s.q.next(batch)
+		if done {
+			return
+		}
+		if reason != reasonNone {
+			s.finish(ctx, reason, items)
+			return
+		}
+		if err := s.writeBatch(ctx, items); err != nil {
+			s.log().Debug("write failed", "err", err)
+			s.closeWith(reasonWriteError)
+		}
+		if ping {
 			if err := s.ping(ctx); err != nil {
 				s.closeWith(reasonPingTimeout)
 			}
-			continue
-		case <-s.done:
 		}
-		if s.isClosing() {
-			break
-		}
-		batch = s.q.swap(batch)
-		if err := s.writeBatch(ctx, batch); err != nil {
-			s.log.Debug("write failed", "err", err)
-			s.closeWith(reasonWriteError)
-			break
-		}
-		if cap(batch) > 1024 && len(batch) < 64 {
+		batch = items
+		if cap(batch) > 1024 {
 			batch = nil // a burst has passed; let its memory go
 		}
 	}
-	r := s.reason
+}
+
+// finish ends the connection for reason: on shutdown it first delivers what
+// is already queued (acks included).
+func (s *session) finish(ctx context.Context, r closeReason, items []outItem) {
 	if r == reasonShutdown {
-		// Going away: deliver what is already queued (acks included).
-		s.q.close()
-		if err := s.writeBatch(ctx, s.q.swap(nil)); err != nil {
+		if err := s.writeBatch(ctx, items); err != nil {
 			r = reasonWriteError
 		}
 	}
@@ -123,19 +135,36 @@ func (s *session) writeLoop(ctx context.Context) {
 	}
 }
 
-// ping checks the peer is alive. A peer that sent anything within the last
-// ping interval is alive without a ping, and so is one whose pong is late
-// but whose messages kept arriving meanwhile: a client busy publishing can
-// have its pong stuck behind its own backpressured writes.
-func (s *session) ping(ctx context.Context) error {
-	start := s.srv.cfg.Now()
-	if time.Duration(start.UnixNano()-s.lastRead.Load()) < s.srv.cfg.PingInterval {
-		return nil
+// pingTick runs on the session's ping timer. A peer that sent anything
+// within the last ping interval is alive without a ping; otherwise the
+// writer is asked to ping.
+func (s *session) pingTick() {
+	s.q.mu.Lock()
+	if s.q.reason != reasonNone {
+		s.q.mu.Unlock()
+		return // closing: not re-armed
 	}
+	start := false
+	if time.Duration(s.srv.cfg.Now().UnixNano()-s.lastRead.Load()) >= s.srv.cfg.PingInterval {
+		s.q.pingDue = true
+		start = s.claimWriterLocked()
+	}
+	s.pingTimer.Reset(s.srv.cfg.PingInterval)
+	s.q.mu.Unlock()
+	if start {
+		s.spawnWriter()
+	}
+}
+
+// ping waits up to PongTimeout for a pong. A late pong is forgiven when
+// messages kept arriving meanwhile: a client busy publishing can have its
+// pong stuck behind its own backpressured writes.
+func (s *session) ping(ctx context.Context) error {
+	start := s.srv.cfg.Now().UnixNano()
 	ctx, cancel := context.WithTimeout(ctx, s.srv.cfg.PongTimeout)
 	defer cancel()
 	err := s.conn.Ping(ctx)
-	if err != nil && s.lastRead.Load() > start.UnixNano() && ctx.Err() != nil {
+	if err != nil && s.lastRead.Load() > start && ctx.Err() != nil {
 		return nil
 	}
 	return err
