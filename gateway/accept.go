@@ -11,21 +11,33 @@ import (
 // readBufferSize is the size of a session's connection read buffer. Client
 // frames are small; a larger message is read straight into its destination
 // by bufio, so a small buffer costs idle memory, not throughput.
-const readBufferSize = 1024
+const readBufferSize = 512
 
-// hijackSizer hands websocket.Accept the hijacked connection with a
-// readBufferSize read buffer instead of net/http's 4 KiB one, which every
-// idle session would otherwise hold for its lifetime.
-type hijackSizer struct{ http.ResponseWriter }
+// hijackSizer hands websocket.Accept the hijacked connection with small
+// buffers instead of net/http's 4 KiB reader and 4 KiB writer, which every
+// idle session would otherwise hold for its lifetime: a readBufferSize
+// reader, and a writeBufferSize writer over a corkConn (which keeps one
+// syscall per message). It records the corkConn in *conn; the session corks
+// it around each message and sets write deadlines on it.
+type hijackSizer struct {
+	http.ResponseWriter
+	conn **corkConn
+}
 
 func (h hijackSizer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	c, brw, err := http.NewResponseController(h.ResponseWriter).Hijack()
 	if err != nil {
 		return c, brw, err
 	}
+	cc := &corkConn{Conn: c}
+	*h.conn = cc
+	// net/http flushed the 101 response before handing over its writer,
+	// so replacing the writer loses nothing.
+	w := bufio.NewWriterSize(cc, writeBufferSize)
 	n := brw.Reader.Buffered()
 	if n > readBufferSize {
-		return c, brw, nil // the client sent ahead a lot: keep net/http's buffer
+		// The client sent ahead a lot: keep net/http's reader.
+		return cc, bufio.NewReadWriter(brw.Reader, w), nil
 	}
 	// Carry over bytes the client sent right behind its upgrade request:
 	// they must be the first the new reader returns.
@@ -33,10 +45,10 @@ func (h hijackSizer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	r := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(bytes.Clone(pending)), c), readBufferSize)
 	if n > 0 {
 		if _, err := r.Peek(n); err != nil {
-			return c, brw, nil
+			return cc, bufio.NewReadWriter(brw.Reader, w), nil
 		}
 	}
-	return c, bufio.NewReadWriter(r, brw.Writer), nil
+	return cc, bufio.NewReadWriter(r, w), nil
 }
 
 // Unwrap lets http.ResponseController reach the underlying writer.

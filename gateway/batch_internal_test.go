@@ -15,12 +15,12 @@ import (
 
 // connPair returns the server end of a real WebSocket on loopback and the
 // client end.
-func connPair(t *testing.T) (server, client *websocket.Conn) {
+func connPair(t *testing.T) (server *websocket.Conn, raw *corkConn, client *websocket.Conn) {
 	t.Helper()
 	ch := make(chan *websocket.Conn, 1)
 	done := make(chan struct{})
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c, err := websocket.Accept(w, r, nil)
+		c, err := websocket.Accept(hijackSizer{w, &raw}, r, nil)
 		if err != nil {
 			t.Error(err)
 			return
@@ -41,7 +41,7 @@ func connPair(t *testing.T) (server, client *websocket.Conn) {
 		close(done)
 		ts.Close()
 	})
-	return server, client
+	return server, raw, client
 }
 
 // TestSession_WriteBatchOneMessage: what is queued together goes out as one
@@ -61,8 +61,8 @@ func TestSession_WriteBatchOneMessage(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer srv.Shutdown(context.Background())
-			sc, cc := connPair(t)
-			s := newSession(context.Background(), srv, sc, "id", "test")
+			sc, raw, cc := connPair(t)
+			s := newSession(context.Background(), srv, sc, raw, "id", "test")
 			prefix := []byte(`{"p":`)
 			for _, body := range []string{`"aaa"}`, `"bbb"}`, `"ccc"}`, `"ddd"}`, `"eee"}`} {
 				// push, not enqueue: no writer starts, the test writes.

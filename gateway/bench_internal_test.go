@@ -20,7 +20,7 @@ func BenchmarkServer_PublishFanout(b *testing.B) {
 			defer srv.Shutdown(context.Background())
 			sessions := make([]*session, n)
 			for i := range sessions {
-				s := newSession(context.Background(), srv, nil, fmt.Sprint(i), "bench")
+				s := newSession(context.Background(), srv, nil, nil, fmt.Sprint(i), "bench")
 				sub := &subscription{s: s, sid: "s", topic: "t", prefix: []byte(`{"type":"patch","v":1,"sid":"s"`)}
 				if err := srv.subscribe(context.Background(), sub, func(string) {}); err != nil {
 					b.Fatal(err)

@@ -61,6 +61,16 @@ type Config struct {
 	// an Origin header (a non-browser client). Empty by default.
 	AllowedOrigins []string
 
+	// WriteBudget is the node's target rate of WebSocket messages written
+	// per second. Above it, busy sessions batch more frames per message by
+	// waiting up to MaxWriteDelay between their writes (see docs/architecture.md,
+	// Pacing). Zero means 100000.
+	WriteBudget int
+
+	// MaxWriteDelay bounds the wait pacing adds before a session's next
+	// write. Zero means 50ms; negative turns pacing off.
+	MaxWriteDelay time.Duration
+
 	// MaxSubscriptions caps active subscriptions per session.
 	// Zero means 128.
 	MaxSubscriptions int
@@ -90,6 +100,8 @@ func (c Config) withDefaults() (Config, error) {
 	setDefault(&c.PingInterval, 25*time.Second)
 	setDefault(&c.PongTimeout, 10*time.Second)
 	setDefault(&c.MaxSubscriptions, 128)
+	setDefault(&c.WriteBudget, 100000)
+	setDefault(&c.MaxWriteDelay, 50*time.Millisecond)
 	setDefault(&c.ProducerWindow, 256)
 	setDefault(&c.ProducerIdle, 24*time.Hour)
 	if c.Now == nil {
@@ -98,7 +110,7 @@ func (c Config) withDefaults() (Config, error) {
 	c.AllowedOrigins = append([]string(nil), c.AllowedOrigins...)
 	switch {
 	case c.HelloTimeout < 0, c.MaxFrameBytes < 0, c.MaxBatchBytes < 0, c.SendQueueMessages < 0,
-		c.SendQueueBytes < 0, c.WriteTimeout < 0, c.PingInterval < 0, c.PongTimeout < 0,
+		c.SendQueueBytes < 0, c.WriteTimeout < 0, c.WriteBudget < 0, c.PingInterval < 0, c.PongTimeout < 0,
 		c.MaxSubscriptions < 0, c.ProducerWindow < 0, c.ProducerIdle < 0:
 		return c, fmt.Errorf("gateway: negative limit in config")
 	case int64(c.SendQueueBytes) < c.MaxFrameBytes:

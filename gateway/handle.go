@@ -76,9 +76,7 @@ func (s *session) handleFrameHello(f *frames.Hello) {
 	s.clientID, s.epoch = f.ClientID, f.Epoch
 	if f.ClientID != "" {
 		s.prod = s.srv.producers.acquire(f.ClientID, f.Epoch)
-	} else {
-		s.prod = newProducer(f.Epoch, s.srv.cfg.ProducerWindow)
-	}
+	} // else the session is its own producer, made at its first mutate
 	s.helloDone.Store(true)
 	id := s.id
 	s.send(&frames.Hello{
@@ -144,6 +142,9 @@ func (s *session) handleFrameSubscribe(ctx context.Context, f *frames.Subscribe)
 		s.sendError(frames.NewError(frames.CodeInternal, f.SID, "the server could not subscribe", "retry later"))
 		return
 	}
+	if s.subs == nil {
+		s.subs = map[string]*subscription{}
+	}
 	s.subs[f.SID] = sub
 }
 
@@ -154,6 +155,9 @@ type publishInput struct {
 }
 
 func (s *session) handleFrameMutate(ctx context.Context, f *frames.Mutate) {
+	if s.prod == nil {
+		s.prod = newProducer(s.epoch, s.srv.cfg.ProducerWindow)
+	}
 	s.prod.run(s.epoch, f, s.sendOutcome, func() outcome {
 		return s.mutate(ctx, f)
 	})

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/coder/websocket"
 
@@ -137,5 +138,32 @@ func TestGateway_BroadcastEncodesOnce(t *testing.T) {
 	defer rec.mu.Unlock()
 	if rec.calls != 1 {
 		t.Fatalf("Transport.Publish called %d times for one publish", rec.calls)
+	}
+}
+
+// TestGateway_PingTimeoutCloses4002: a client that stops reading (so never
+// answers a ping) is closed with 4002 once the pong is late; a client that
+// reads (and so answers) stays.
+func TestGateway_PingTimeoutCloses4002(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{PingInterval: 50 * time.Millisecond, PongTimeout: 100 * time.Millisecond})
+	live := gwtest.Dial(t, srv.url, nil)
+	live.Hello("", 0)
+	mute := gwtest.Dial(t, srv.url, nil)
+	mute.Hello("", 0)
+	// live keeps a read pending, which is what answers pings.
+	liveErr := make(chan error, 1)
+	go func() {
+		_, err := live.NextErr(2 * time.Second)
+		liveErr <- err
+	}()
+	// Poll the metrics until the mute session is counted, then read its
+	// close frame.
+	gwtest.Eventually(t, gwtest.Timeout, "mute session closed for ping timeout", func() bool {
+		return strings.Contains(scrape(t, srv.ts.URL), `syncgate_closes_total{reason="ping_timeout"} 1`)
+	})
+	mute.ExpectClose(gateway.StatusPingTimeout)
+	if err := <-liveErr; err == nil || !strings.Contains(err.Error(), "deadline") {
+		t.Fatalf("live session: want only a read timeout (still open), got %v", err)
 	}
 }

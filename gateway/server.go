@@ -34,6 +34,7 @@ type Server struct {
 	metrics   *metrics
 	handler   http.Handler
 	seq       *sequencer
+	pacer     *pacer
 	producers *producers
 	baseCtx   context.Context // parent of every session; cancelled last in Shutdown
 	cancel    context.CancelFunc
@@ -61,6 +62,7 @@ func New(cfg Config) (*Server, error) {
 		sessions:  map[*session]struct{}{},
 		stopSweep: make(chan struct{}),
 	}
+	s.pacer = newPacer(cfg.WriteBudget, cfg.MaxWriteDelay, s.stopSweep)
 	if s.transport == nil {
 		s.ownsHub = fanout.NewHub(fanout.HubConfig{Now: cfg.Now})
 		s.transport = s.ownsHub
@@ -82,6 +84,7 @@ func New(cfg Config) (*Server, error) {
 	s.handler = mux
 
 	s.wg.Go(s.sweepLoop)
+	s.wg.Go(s.pacer.run)
 	return s, nil
 }
 
@@ -103,7 +106,8 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "server is shutting down", http.StatusServiceUnavailable)
 		return
 	}
-	conn, err := websocket.Accept(hijackSizer{w}, r, &websocket.AcceptOptions{
+	var netConn *corkConn
+	conn, err := websocket.Accept(hijackSizer{w, &netConn}, r, &websocket.AcceptOptions{
 		OriginPatterns:  s.cfg.AllowedOrigins,
 		CompressionMode: websocket.CompressionDisabled,
 	})
@@ -114,7 +118,7 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	conn.SetReadLimit(s.cfg.MaxFrameBytes)
-	sess := newSession(s.baseCtx, s, conn, newSessionID(), r.RemoteAddr)
+	sess := newSession(s.baseCtx, s, conn, netConn, newSessionID(), r.RemoteAddr)
 	if !s.register(sess) {
 		_ = conn.Close(websocket.StatusGoingAway, closeReasons[reasonShutdown].text)
 		return

@@ -18,11 +18,12 @@ import (
 // goroutines.
 type session struct {
 	// Static after construction.
-	srv    *Server
-	conn   *websocket.Conn
-	id     string
-	remote string
-	ctx    context.Context // parent of writes; cancelled when run returns
+	srv     *Server
+	conn    *websocket.Conn
+	netConn *corkConn // under conn: corked per message; write deadlines are set here
+	id      string
+	remote  string
+	ctx     context.Context // parent of writes; cancelled when run returns
 
 	// Set by the hello handler on the reader goroutine before helloDone is
 	// stored; read only by the reader afterwards.
@@ -31,7 +32,7 @@ type session struct {
 	epoch     int64
 	prod      *producer
 
-	// Owned by the reader goroutine.
+	// Owned by the reader goroutine. Nil until the first subscribe.
 	subs map[string]*subscription
 
 	// Send side; safe from any goroutine. q.mu also guards pingTimer's
@@ -39,6 +40,7 @@ type session struct {
 	q         sendQueue
 	writers   sync.WaitGroup // the writer goroutine, while one runs
 	pingTimer *time.Timer
+	lastWrite int64 // owned by the running writer: Unix nanoseconds of its last message
 
 	// closing is set by closeWith; lastRead is when the reader last got a
 	// message (Unix nanoseconds): inbound traffic proves the peer alive.
@@ -60,14 +62,14 @@ func (sub *subscription) Deliver(m *fanout.Message) {
 	sub.s.enqueue(outItem{prefix: sub.prefix, body: m.Data, at: m.At.UnixNano(), kind: idxPatch})
 }
 
-func newSession(ctx context.Context, srv *Server, conn *websocket.Conn, id, remote string) *session {
+func newSession(ctx context.Context, srv *Server, conn *websocket.Conn, netConn *corkConn, id, remote string) *session {
 	s := &session{
-		srv:    srv,
-		conn:   conn,
-		id:     id,
-		remote: remote,
-		ctx:    ctx,
-		subs:   map[string]*subscription{},
+		srv:     srv,
+		conn:    conn,
+		netConn: netConn,
+		id:      id,
+		remote:  remote,
+		ctx:     ctx,
 	}
 	s.q.writers = &s.writers
 	return s
@@ -100,7 +102,7 @@ func (s *session) run() {
 	for _, sub := range s.subs {
 		_ = s.srv.transport.Unsubscribe(context.Background(), sub.topic, sub)
 	}
-	if s.prod != nil {
+	if s.prod != nil && s.clientID != "" {
 		s.srv.producers.release(s.prod, s.srv.cfg.Now())
 	}
 	if s.srv.log.Enabled(context.Background(), slog.LevelDebug) {

@@ -94,7 +94,25 @@ var writeBufPool = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); ret
 // when asked, and, once the session is closing, sends the close frame.
 func (s *session) writeLoop(ctx context.Context) {
 	var batch []outItem
+	var wait *time.Timer
+	defer func() {
+		if wait != nil {
+			wait.Stop()
+		}
+	}()
 	for {
+		// Pacing: under load, a session writes at most once per delay so
+		// that frames queued meanwhile share one message (see pacer).
+		if d := s.srv.pacer.delay(); d > 0 {
+			if left := time.Duration(s.lastWrite + int64(d) - s.srv.cfg.Now().UnixNano()); left > 0 {
+				if wait == nil {
+					wait = time.NewTimer(left)
+				} else {
+					wait.Reset(left)
+				}
+				<-wait.C
+			}
+		}
 		items, ping, reason, done := s.q.next(batch)
 		if done {
 			return
@@ -103,7 +121,7 @@ func (s *session) writeLoop(ctx context.Context) {
 			s.finish(ctx, reason, items)
 			return
 		}
-		if err := s.writeBatch(ctx, items); err != nil {
+		if err := s.writeBatch(context.Background(), items); err != nil {
 			s.log().Debug("write failed", "err", err)
 			s.closeWith(reasonWriteError)
 		}
@@ -123,7 +141,7 @@ func (s *session) writeLoop(ctx context.Context) {
 // is already queued (acks included).
 func (s *session) finish(ctx context.Context, r closeReason, items []outItem) {
 	if r == reasonShutdown {
-		if err := s.writeBatch(ctx, items); err != nil {
+		if err := s.writeBatch(context.Background(), items); err != nil {
 			r = reasonWriteError
 		}
 	}
@@ -176,6 +194,16 @@ func (s *session) writeBatch(ctx context.Context, items []outItem) error {
 	if len(items) == 0 {
 		return nil
 	}
+	// The deadline goes on the raw connection, once per batch, and is
+	// cleared after it: a cancellable ctx would cost coder/websocket a
+	// callback registration per message, and a stale deadline would fail the
+	// pongs the reader writes.
+	now := s.srv.cfg.Now()
+	s.lastWrite = now.UnixNano()
+	if err := s.netConn.SetWriteDeadline(now.Add(s.srv.cfg.WriteTimeout)); err != nil {
+		return err
+	}
+	defer s.netConn.SetWriteDeadline(time.Time{})
 	m := s.srv.metrics
 	bp := writeBufPool.Get().(*[]byte)
 	defer writeBufPool.Put(bp)
@@ -208,12 +236,15 @@ func (s *session) writeBatch(ctx context.Context, items []outItem) error {
 }
 
 func (s *session) writeMessage(ctx context.Context, msg []byte, items []outItem) error {
-	ctx, cancel := context.WithTimeout(ctx, s.srv.cfg.WriteTimeout)
+	s.netConn.cork()
 	err := s.conn.Write(ctx, websocket.MessageText, msg)
-	cancel()
+	if uerr := s.netConn.uncork(); err == nil {
+		err = uerr
+	}
 	if err != nil {
 		return err
 	}
+	s.srv.pacer.wrote()
 	m := s.srv.metrics
 	m.bytesOut.Add(float64(len(msg)))
 	m.messagesOut.Inc()

@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,6 +51,9 @@ Commands:
 Common flags: -url, -metrics, -dial-concurrency, -dial-timeout, -timeout,
 -allow-remote, -source-ips. Run "syncgate bench <command> -h" for all flags.
 `
+
+// benchBuildID is the build id every bench session sends in hello.
+const benchBuildID = "syncgate-bench"
 
 // fdSlack is the file descriptors a bench needs besides one per session:
 // stdio, metrics scrapes, the runtime's poller, a margin.
@@ -90,6 +94,7 @@ type benchFlags struct {
 	timeout         time.Duration
 	allowRemote     bool
 	sourceIPs       string
+	cpuProfile      string
 }
 
 func (b *benchFlags) register(fs *flag.FlagSet) {
@@ -99,6 +104,7 @@ func (b *benchFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&b.dialTimeout, "dial-timeout", 10*time.Second, "bound on one session's dial + hello (+ subscribe)")
 	fs.DurationVar(&b.timeout, "timeout", 2*time.Minute, "hard bound on the whole run")
 	fs.BoolVar(&b.allowRemote, "allow-remote", false, "allow a gateway that is not on loopback (127.0.0.0/8, ::1)")
+	fs.StringVar(&b.cpuProfile, "cpuprofile", "", "write the bench process's own CPU profile to this file")
 	fs.StringVar(&b.sourceIPs, "source-ips", "", "comma-separated local IPs to dial from, round robin (e.g. 127.0.0.2,127.0.0.3): "+
 		"each adds ~28k ports toward one server address")
 }
@@ -137,6 +143,7 @@ type benchEnv struct {
 	dialer     net.Dialer
 	sources    []netip.Addr
 	nextSource atomic.Uint64
+	profile    *os.File // -cpuprofile, stopped by close
 }
 
 // setup validates the common flags, refuses non-loopback targets unless
@@ -190,6 +197,17 @@ func (b benchFlags) setup(ctx context.Context, conns int) (*benchEnv, error) {
 	if err := raiseFDLimit(uint64(conns) + fdSlack); err != nil {
 		return nil, fmt.Errorf("bench: %d sessions: %w", conns, err)
 	}
+	if b.cpuProfile != "" {
+		f, err := os.Create(b.cpuProfile)
+		if err != nil {
+			return nil, fmt.Errorf("bench: -cpuprofile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("bench: -cpuprofile: %w", err)
+		}
+		e.profile = f
+	}
 
 	e.dialer = net.Dialer{Timeout: b.dialTimeout, KeepAlive: -1}
 	if !b.allowRemote {
@@ -217,6 +235,10 @@ func (b benchFlags) setup(ctx context.Context, conns int) (*benchEnv, error) {
 // close releases idle HTTP connections (upgraded ones belong to their
 // clients).
 func (e *benchEnv) close() {
+	if e.profile != nil {
+		pprof.StopCPUProfile()
+		e.profile.Close()
+	}
 	e.dialHTTP.CloseIdleConnections()
 	e.scrapeHTTP.CloseIdleConnections()
 }
@@ -233,7 +255,7 @@ func (e *benchEnv) dialContext(ctx context.Context, network, addr string) (net.C
 func (e *benchEnv) dial(ctx context.Context) (*client.Client, error) {
 	ctx, cancel := context.WithTimeout(ctx, e.flags.dialTimeout)
 	defer cancel()
-	return client.Dial(ctx, e.wsURL, &client.Options{BuildID: "syncgate-bench", HTTPClient: e.dialHTTP})
+	return client.Dial(ctx, e.wsURL, &client.Options{BuildID: benchBuildID, HTTPClient: e.dialHTTP})
 }
 
 // checkLoopback returns an error unless every address host stands for is

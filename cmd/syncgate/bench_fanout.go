@@ -9,13 +9,14 @@ import (
 
 // fanoutResult is the JSON line of bench fanout.
 type fanoutResult struct {
-	Bench string  `json:"bench"`
-	URL   string  `json:"url"`
-	Subs  int     `json:"subs"`
-	Topic string  `json:"topic"`
-	Rate  float64 `json:"rate"`
-	DurS  float64 `json:"dur_s"`
-	Size  int     `json:"size"`
+	Bench      string  `json:"bench"`
+	URL        string  `json:"url"`
+	Subs       int     `json:"subs"`
+	Topic      string  `json:"topic"`
+	Rate       float64 `json:"rate"`
+	DurS       float64 `json:"dur_s"`
+	Size       int     `json:"size"`
+	Subscriber string  `json:"subscriber"` // -subscriber: raw or client
 
 	Sent              int64   `json:"sent"`
 	Behind            int64   `json:"behind"` // due in the window but never sent (publisher fell behind)
@@ -38,6 +39,12 @@ type fanoutResult struct {
 
 	SubDisconnects  int    `json:"sub_disconnects"`
 	FirstDisconnect string `json:"first_disconnect,omitempty"`
+	// Raw subscriber only (0 with -subscriber client): frames it could not
+	// scan and decoded instead, those that did not decode either, and
+	// frames other than its patches.
+	FallbackDecodes int64 `json:"fallback_decodes"`
+	Undecodable     int64 `json:"undecodable_frames,omitempty"`
+	OtherFrames     int64 `json:"other_frames"`
 
 	cpuJSON
 }
@@ -80,13 +87,14 @@ func benchFanout(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	pub := newBenchPub(pc)
 
 	hist := newHistogram()
-	ss, all, err := e.openSubs(ctx, subs, func(int) string { return topic }, hist)
+	ss, all, err := e.openSubs(ctx, l.subscriber, subs, func(int) string { return topic }, hist)
 	if err != nil {
 		return err
 	}
-	defer closeAll(b.dialConcurrency, subClients(ss))
+	defer closeSubs(b.dialConcurrency, ss)
 
-	fmt.Fprintf(stdout, "fanout: %d subscribers on %q, %g msgs/s for %s, %d-byte data\n", subs, topic, l.rate, l.dur, l.size)
+	fmt.Fprintf(stdout, "fanout: %d subscribers (%s) on %q, %g msgs/s for %s, %d-byte data\n",
+		subs, l.subscriber, topic, l.rate, l.dur, l.size)
 	win := e.startCPU(ctx, stderr)
 	run := pub.run(ctx, l, []string{topic})
 	if ctx.Err() != nil {
@@ -100,11 +108,12 @@ func benchFanout(ctx context.Context, args []string, stdout, stderr io.Writer) e
 
 	r := fanoutResult{
 		Bench: "fanout", URL: b.url, Subs: subs, Topic: topic, Rate: l.rate, DurS: l.dur.Seconds(), Size: l.size,
-		Sent: run.sent, Behind: run.behind, OfferedPerS: perSecond(float64(run.sent), run.end.Sub(run.start)),
+		Subscriber: l.subscriber, Sent: run.sent, Behind: run.behind, OfferedPerS: perSecond(float64(run.sent), run.end.Sub(run.start)),
 		Acked: lr.acked, PublishErrors: lr.pubErrors, FirstPublishError: lr.firstPubError, Unacked: lr.unacked,
 		Delivered: lr.delivered, Expected: lr.acked * int64(subs), Unparsable: lr.bad,
 		Latency: hist.snapshot().json(), LatencyMethod: histMethod,
 		SubDisconnects: lr.disconnects, FirstDisconnect: lr.firstDisconnect,
+		FallbackDecodes: lr.fallback, Undecodable: lr.undecodable, OtherFrames: lr.other,
 		cpuJSON: cpu,
 	}
 	if run.err != nil {
@@ -138,5 +147,6 @@ func benchFanout(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		fmt.Fprintf(stdout, "; first: %s", r.FirstDisconnect)
 	}
 	fmt.Fprintln(stdout)
+	printRawCounts(stdout, r.Subscriber, r.FallbackDecodes, r.Undecodable, r.OtherFrames)
 	return writeJSON(stdout, r)
 }

@@ -19,15 +19,23 @@ import (
 
 // This file holds what fanout and topics share: the message layout, the
 // subscriber that counts and times deliveries, the paced pipelined
-// publisher, and the wait for acks and stragglers.
+// publisher, and the wait for acks and stragglers. The raw subscriber's
+// connection is in bench_raw.go.
 
 // loadFlags are the flags of the publishing benches.
 type loadFlags struct {
-	rate float64
-	dur  time.Duration
-	size int
-	wait time.Duration
+	rate       float64
+	dur        time.Duration
+	size       int
+	wait       time.Duration
+	subscriber string // subscriberRaw or subscriberClient
 }
+
+// Subscriber implementations (-subscriber).
+const (
+	subscriberRaw    = "raw"    // bench_raw.go: reused buffers, patches scanned, not decoded
+	subscriberClient = "client" // the client package's Subscribe with a handler
+)
 
 func (l *loadFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&l.rate, "rate", 1000, "publishes per second, in total")
@@ -35,6 +43,9 @@ func (l *loadFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&l.size, "size", 100, "bytes of each message's data (a JSON object: send time + padding; at least "+
 		strconv.Itoa(minDataSize)+")")
 	fs.DurationVar(&l.wait, "wait", 5*time.Second, "after -dur, how long to wait for outstanding acks and deliveries")
+	fs.StringVar(&l.subscriber, "subscriber", subscriberRaw, "how subscribers read deliveries: "+
+		subscriberRaw+" (a lean reader that scans patches without decoding them, so the bench stays cheap) or "+
+		subscriberClient+" (the client package's Subscribe, to measure the Go client)")
 }
 
 func (l *loadFlags) validate(b benchFlags) error {
@@ -49,6 +60,8 @@ func (l *loadFlags) validate(b benchFlags) error {
 		return errors.New("bench: -wait must not be negative")
 	case l.dur+l.wait >= b.timeout:
 		return fmt.Errorf("bench: -timeout (%s) must exceed -dur + -wait (%s) plus setup time", b.timeout, l.dur+l.wait)
+	case l.subscriber != subscriberRaw && l.subscriber != subscriberClient:
+		return fmt.Errorf("bench: -subscriber must be %s or %s, got %q", subscriberRaw, subscriberClient, l.subscriber)
 	}
 	l.size = max(l.size, minDataSize)
 	return nil
@@ -78,8 +91,9 @@ func appendData(dst []byte, t int64, size int) []byte {
 	return append(dst, `"}`...)
 }
 
-// rowSendTime returns the send time in a delivered row, without decoding
-// the rest of it.
+// rowSendTime returns the send time in a delivered row (or in a patch op
+// holding one), without decoding the rest of it: the first 1 to 19 digits
+// after "data":{"t":, ended by ',' or '}'.
 func rowSendTime(row []byte) (int64, bool) {
 	i := bytes.Index(row, rowTimeKey)
 	if i < 0 {
@@ -91,21 +105,30 @@ func rowSendTime(row []byte) (int64, bool) {
 	for ; j < len(row) && j-i < 19 && '0' <= row[j] && row[j] <= '9'; j++ {
 		t = t*10 + int64(row[j]-'0')
 	}
-	return t, j > i
+	return t, j > i && j < len(row) && (row[j] == ',' || row[j] == '}')
 }
 
 // benchSub is one subscriber session: it counts its deliveries and records
-// their latency. handle runs on the client's read loop.
+// their latency. Its handlers run on the connection's reader: handle on the
+// client's read loop (-subscriber client), handleMessage on the raw
+// subscriber's (bench_raw.go).
 type benchSub struct {
-	c    *client.Client
+	// Set once the session is open, before deliveries start.
+	conn subConn // *client.Client or *rawConn
 	hist *histShard
 	all  *countdown // ticked once when this subscriber has all it expects
 
-	count   atomic.Int64 // deliveries with a timestamp
-	bad     atomic.Int64 // deliveries whose row had no timestamp
-	last    atomic.Int64 // Unix ns of the latest delivery, 0 before
-	target  atomic.Int64 // deliveries expected; -1 until the publisher is done
-	reached atomic.Bool
+	// Owned by the reader.
+	scratch []int64 // send times of one patch, reused
+
+	count       atomic.Int64 // deliveries with a timestamp
+	bad         atomic.Int64 // deliveries whose row had no timestamp
+	fallback    atomic.Int64 // raw: lines the scan did not recognise, decoded instead
+	undecodable atomic.Int64 // raw: fallback lines that did not decode either
+	other       atomic.Int64 // raw: frames (or binary messages) other than our patches, ignored
+	last        atomic.Int64 // Unix ns of the latest delivery, 0 before
+	target      atomic.Int64 // deliveries expected; -1 until the publisher is done
+	reached     atomic.Bool
 }
 
 func newBenchSub(hist *histShard, all *countdown) *benchSub {
@@ -114,8 +137,14 @@ func newBenchSub(hist *histShard, all *countdown) *benchSub {
 	return s
 }
 
+// handle is the client.Subscribe handler.
 func (s *benchSub) handle(p *frames.Patch) {
-	now := time.Now().UnixNano()
+	s.handlePatch(time.Now().UnixNano(), p)
+}
+
+// handlePatch counts and times the ops of a decoded patch received at now
+// (Unix ns).
+func (s *benchSub) handlePatch(now int64, p *frames.Patch) {
 	var n int64
 	for i := range p.Patches {
 		t, ok := rowSendTime(p.Patches[i].Row)
@@ -124,16 +153,22 @@ func (s *benchSub) handle(p *frames.Patch) {
 			continue
 		}
 		s.hist.record(now - t)
-		n = s.count.Add(1)
+		n++
 	}
+	s.add(now, n)
+}
+
+// add counts n deliveries received at now, whose latencies are recorded.
+func (s *benchSub) add(now, n int64) {
+	c := s.count.Add(n)
 	s.last.Store(now)
-	if t := s.target.Load(); t >= 0 && n >= t {
+	if t := s.target.Load(); t >= 0 && c >= t {
 		s.reach()
 	}
 }
 
-// expect sets how many deliveries s should get. Either expect or handle
-// sees the count reach it, whichever comes second.
+// expect sets how many deliveries s should get. Either expect or add sees
+// the count reach it, whichever comes second.
 func (s *benchSub) expect(n int64) {
 	s.target.Store(n)
 	if s.count.Load() >= n {
@@ -169,48 +204,68 @@ func (c *countdown) tick() {
 	}
 }
 
-// openSubs dials n subscriber sessions, -dial-concurrency at a time, each
-// following topic(i) with a benchSub handler. If any fails it closes the
-// others and returns an error naming the first failure: results over fewer
-// subscribers than asked for would be mislabelled.
-func (e *benchEnv) openSubs(ctx context.Context, n int, topic func(i int) string, hist *histogram) ([]*benchSub, *countdown, error) {
+// openSubs dials n subscriber sessions of kind mode (-subscriber),
+// -dial-concurrency at a time, each following topic(i) into a benchSub. If
+// any fails it closes the others and returns an error naming the first
+// failure: results over fewer subscribers than asked for would be
+// mislabelled.
+func (e *benchEnv) openSubs(ctx context.Context, mode string, n int, topic func(i int) string,
+	hist *histogram) ([]*benchSub, *countdown, error) {
 	all := newCountdown(n)
 	subs := make([]*benchSub, n)
 	var fails firstError
 	forEach(ctx, n, e.flags.dialConcurrency, func(i int) {
 		s := newBenchSub(hist.shard(i), all)
-		c, err := e.dial(ctx)
+		var err error
+		if mode == subscriberRaw {
+			err = e.dialRaw(ctx, s, topic(i))
+		} else {
+			err = e.subscribeClient(ctx, s, topic(i))
+		}
+		if s.conn != nil {
+			subs[i] = s
+		}
 		if err != nil {
 			fails.record(err)
-			return
-		}
-		s.c = c
-		subs[i] = s
-		sctx, cancel := context.WithTimeout(ctx, e.flags.dialTimeout)
-		defer cancel()
-		if _, err := c.Subscribe(sctx, topic(i), nil, s.handle); err != nil {
-			fails.record(fmt.Errorf("subscribe %s: %w", topic(i), err))
 		}
 	})
 	if fails.n.Load() == 0 && ctx.Err() == nil {
 		return subs, all, nil
 	}
-	closeAll(e.flags.dialConcurrency, subClients(subs))
+	closeSubs(e.flags.dialConcurrency, subs)
 	if ctx.Err() != nil {
 		return nil, nil, runErr(ctx, e.flags)
 	}
 	return nil, nil, fmt.Errorf("bench: %d of %d subscribers failed; first: %s", fails.n.Load(), n, fails.first())
 }
 
-// subClients returns the subscribers' clients (nil for unopened ones).
-func subClients(subs []*benchSub) []*client.Client {
-	cs := make([]*client.Client, len(subs))
-	for i, s := range subs {
-		if s != nil {
-			cs[i] = s.c
-		}
+// subscribeClient opens a client session for s (-subscriber client) and
+// subscribes it to topic with s.handle. s.conn is set once the session is
+// open, even if the subscribe fails.
+func (e *benchEnv) subscribeClient(ctx context.Context, s *benchSub, topic string) error {
+	c, err := e.dial(ctx)
+	if err != nil {
+		return err
 	}
-	return cs
+	s.conn = c
+	ctx, cancel := context.WithTimeout(ctx, e.flags.dialTimeout)
+	defer cancel()
+	if _, err := c.Subscribe(ctx, topic, nil, s.handle); err != nil {
+		return fmt.Errorf("subscribe %s: %w", topic, err)
+	}
+	return nil
+}
+
+var _ subConn = (*client.Client)(nil)
+
+// closeSubs closes every opened subscriber's connection, conc at a time,
+// and waits; see closeAll.
+func closeSubs(conc int, subs []*benchSub) {
+	forEach(context.Background(), len(subs), conc, func(i int) {
+		if subs[i] != nil {
+			_ = subs[i].conn.Close()
+		}
+	})
 }
 
 // benchPub is the publisher session. Its completion callbacks run on the
@@ -328,6 +383,8 @@ type loadResult struct {
 	acked, pubErrors, unacked int64
 	firstPubError             string
 	delivered, bad            int64
+	fallback, undecodable     int64     // raw subscriber: lines decoded, not scanned; and of those, undecodable
+	other                     int64     // raw subscriber: other frames received
 	lastDelivery              time.Time // zero if none
 	disconnects               int
 	firstDisconnect           string
@@ -367,7 +424,7 @@ wait:
 		case <-poll.C:
 			for _, s := range subs {
 				select {
-				case <-s.c.Done():
+				case <-s.conn.Done():
 					s.reach() // it will never catch up
 				default:
 				}
@@ -385,8 +442,11 @@ wait:
 	for _, s := range subs {
 		r.delivered += s.count.Load()
 		r.bad += s.bad.Load()
+		r.fallback += s.fallback.Load()
+		r.undecodable += s.undecodable.Load()
+		r.other += s.other.Load()
 		last = max(last, s.last.Load())
-		if err := s.c.Err(); err != nil {
+		if err := s.conn.Err(); err != nil {
 			r.disconnects++
 			if r.firstDisconnect == "" {
 				r.firstDisconnect = err.Error()

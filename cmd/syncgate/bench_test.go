@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"net/http/httptest"
 	"slices"
@@ -12,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
+	"github.com/syncgate/syncgate/frames"
 	"github.com/syncgate/syncgate/gateway"
 	"github.com/syncgate/syncgate/internal/gwtest"
 )
@@ -67,42 +71,68 @@ func runBench(t *testing.T, v any, args ...string) string {
 
 func TestBench_Fanout(t *testing.T) {
 	t.Parallel()
-	url := startGateway(t)
-	var r fanoutResult
-	runBench(t, &r, "fanout", "-url", url, "-subs", "20", "-rate", "200", "-dur", "1s")
-	if r.Sent != 200 || r.Acked != 200 || r.PublishErrors != 0 {
-		t.Errorf("sent %d, acked %d, errors %d; want 200, 200, 0", r.Sent, r.Acked, r.PublishErrors)
-	}
-	if r.DeliveryRatio != 1 || r.Delivered != 200*20 || r.Lost != 0 {
-		t.Errorf("delivered %d (ratio %v, lost %d); want 4000 (1, 0)", r.Delivered, r.DeliveryRatio, r.Lost)
-	}
-	if r.Latency.P99 <= 0 || r.Latency.Count != uint64(r.Delivered) || r.Latency.Max < r.Latency.P99 {
-		t.Errorf("latency %+v", r.Latency)
-	}
-	if r.ServerCores == nil || r.BenchCores == nil || r.ServerCPUUsPerDelivery == nil {
-		t.Errorf("CPU figures missing: %+v", r.cpuJSON)
-	}
-	if r.SubDisconnects != 0 {
-		t.Errorf("%d subscribers disconnected: %s", r.SubDisconnects, r.FirstDisconnect)
+	for _, mode := range []string{subscriberRaw, subscriberClient} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			url := startGateway(t)
+			var r fanoutResult
+			runBench(t, &r, "fanout", "-url", url, "-subs", "20", "-rate", "200", "-dur", "1s", "-subscriber", mode)
+			if r.Subscriber != mode {
+				t.Errorf("subscriber %q, want %q", r.Subscriber, mode)
+			}
+			if r.Sent != 200 || r.Acked != 200 || r.PublishErrors != 0 {
+				t.Errorf("sent %d, acked %d, errors %d; want 200, 200, 0", r.Sent, r.Acked, r.PublishErrors)
+			}
+			if r.DeliveryRatio != 1 || r.Delivered != 200*20 || r.Lost != 0 {
+				t.Errorf("delivered %d (ratio %v, lost %d); want 4000 (1, 0)", r.Delivered, r.DeliveryRatio, r.Lost)
+			}
+			if r.FallbackDecodes != 0 || r.Undecodable != 0 || r.Unparsable != 0 {
+				t.Errorf("fallback decodes %d, undecodable %d, unparsable %d; want 0", r.FallbackDecodes, r.Undecodable, r.Unparsable)
+			}
+			if r.Latency.P99 <= 0 || r.Latency.Count != uint64(r.Delivered) || r.Latency.Max < r.Latency.P99 {
+				t.Errorf("latency %+v", r.Latency)
+			}
+			if r.ServerCores == nil || r.BenchCores == nil || r.ServerCPUUsPerDelivery == nil {
+				t.Errorf("CPU figures missing: %+v", r.cpuJSON)
+			}
+			if r.SubDisconnects != 0 {
+				t.Errorf("%d subscribers disconnected: %s", r.SubDisconnects, r.FirstDisconnect)
+			}
+		})
 	}
 }
 
 func TestBench_Topics(t *testing.T) {
 	t.Parallel()
-	url := startGateway(t)
-	var r topicsResult
-	runBench(t, &r, "topics", "-url", url, "-n", "20", "-rate", "500", "-dur", "1s", "-size", "200")
-	if r.Sent != 500 || r.Acked != 500 || r.PublishErrors != 0 {
-		t.Errorf("sent %d, acked %d, errors %d; want 500, 500, 0", r.Sent, r.Acked, r.PublishErrors)
-	}
-	if r.DeliveryRatio != 1 || r.Delivered != 500 {
-		t.Errorf("delivered %d (ratio %v); want 500 (1)", r.Delivered, r.DeliveryRatio)
-	}
-	if r.AckLatency.P99 <= 0 || r.DeliveryLatency.P99 <= 0 || r.AckLatency.Count != 500 {
-		t.Errorf("ack latency %+v, delivery latency %+v", r.AckLatency, r.DeliveryLatency)
-	}
-	if r.Size != 200 {
-		t.Errorf("size %d, want 200", r.Size)
+	for _, mode := range []string{subscriberRaw, subscriberClient} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			url := startGateway(t)
+			var r topicsResult
+			runBench(t, &r, "topics", "-url", url, "-n", "20", "-rate", "200", "-dur", "1s", "-size", "200", "-subscriber", mode)
+			if r.Subscriber != mode {
+				t.Errorf("subscriber %q, want %q", r.Subscriber, mode)
+			}
+			if r.Sent != 200 || r.Acked != 200 || r.PublishErrors != 0 {
+				t.Errorf("sent %d, acked %d, errors %d; want 200, 200, 0", r.Sent, r.Acked, r.PublishErrors)
+			}
+			if r.DeliveryRatio != 1 || r.Delivered != 200 || r.Lost != 0 {
+				t.Errorf("delivered %d (ratio %v, lost %d); want 200 (1, 0)", r.Delivered, r.DeliveryRatio, r.Lost)
+			}
+			if r.FallbackDecodes != 0 || r.Undecodable != 0 || r.Unparsable != 0 {
+				t.Errorf("fallback decodes %d, undecodable %d, unparsable %d; want 0", r.FallbackDecodes, r.Undecodable, r.Unparsable)
+			}
+			if r.AckLatency.P99 <= 0 || r.DeliveryLatency.P99 <= 0 || r.AckLatency.Count != 200 ||
+				r.DeliveryLatency.Count != uint64(r.Delivered) {
+				t.Errorf("ack latency %+v, delivery latency %+v", r.AckLatency, r.DeliveryLatency)
+			}
+			if r.Size != 200 {
+				t.Errorf("size %d, want 200", r.Size)
+			}
+			if r.SubDisconnects != 0 {
+				t.Errorf("%d subscribers disconnected: %s", r.SubDisconnects, r.FirstDisconnect)
+			}
+		})
 	}
 }
 
@@ -161,7 +191,8 @@ func TestBench_RefusesRemote(t *testing.T) {
 
 func TestBench_Usage(t *testing.T) {
 	t.Parallel()
-	for _, args := range [][]string{nil, {"nope"}, {"fanout", "-bogus"}, {"topics", "extra"}} {
+	for _, args := range [][]string{nil, {"nope"}, {"fanout", "-bogus"}, {"topics", "extra"},
+		{"fanout", "-subscriber", "fast", "-url", "ws://127.0.0.1:1/v1/ws"}} {
 		var out, errOut bytes.Buffer
 		err := bench(t.Context(), args, &out, &errOut)
 		if err == nil {
@@ -271,5 +302,161 @@ process_resident_memory_bytes 1.2345e+07
 	}
 	if _, err := parseMetrics(strings.NewReader("novalue\n")); err == nil {
 		t.Error("no error for a line without a value")
+	}
+}
+
+// patchLine encodes a patch for sid with one insert op per send time in
+// ts, each row laid out as the gateway writes a published message.
+func patchLine(t *testing.T, sid string, ts ...int64) []byte {
+	t.Helper()
+	p := &frames.Patch{SID: sid}
+	for i, ns := range ts {
+		id := fmt.Sprintf("%019d_%019d", 1, i+1)
+		row := fmt.Sprintf(`{"id":%q,"data":{"t":%d,"p":"x"},"actorId":null,"at":1}`, id, ns)
+		p.Patches = append(p.Patches, frames.PatchOp{Op: frames.PatchInsert, ID: id, Row: json.RawMessage(row), LSN: id})
+		p.LSN = id
+	}
+	b, err := frames.Encode(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func Test_scanPatch(t *testing.T) {
+	t.Parallel()
+	idx := int64(3)
+	withIndex, err := frames.Encode(&frames.Patch{SID: rawSID, LSN: "9", Patches: []frames.PatchOp{{
+		Op: frames.PatchInsert, ID: "9", LSN: "9", Index: &idx,
+		Row: json.RawMessage(`{"id":"9","data":{"t":77,"p":"a\\\"]}{\\"},"actorId":"u1","at":1}`),
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	empty, err := frames.Encode(&frames.Patch{SID: rawSID, LSN: "5"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := patchLine(t, rawSID, 123)
+	tests := []struct {
+		name string
+		line []byte
+		want []int64 // nil: not recognised
+	}{
+		{"one op", one, []int64{123}},
+		{"three ops", patchLine(t, rawSID, 1, 22, 333), []int64{1, 22, 333}},
+		{"no ops", empty, []int64{}},
+		{"index and escapes", withIndex, []int64{77}},
+		{"other sid", patchLine(t, "s2", 123), nil},
+		{"truncated", one[:len(one)-10], nil},
+		{"truncated in row", one[:bytes.Index(one, []byte(`"p"`))], nil},
+		{"trailing field", append(one[:len(one)-1:len(one)-1], `,"x":1}`...), nil},
+		{"trailing garbage", append(slices.Clip(one), 'x'), nil},
+		{"no time", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"id":"1","data":{"x":1}},"lsn":"1"}],"lsn":"1"}`), nil},
+		{"time too long", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"id":"1","data":{"t":12345678901234567890}},"lsn":"1"}],"lsn":"1"}`), nil},
+		{"not a patch", []byte(`{"type":"ack","v":1,"ref":"s1","lsn":null,"error":null}`), nil},
+		{"empty", nil, nil},
+	}
+	for _, tt := range tests {
+		got, ok := scanPatch(tt.line, rawPatchHead, nil)
+		if ok != (tt.want != nil) || ok && !slices.Equal(got, tt.want) {
+			t.Errorf("%s: scanPatch(%s) = %v, %v; want %v", tt.name, tt.line, got, ok, tt.want)
+		}
+	}
+}
+
+func Test_benchSub_handleMessage(t *testing.T) {
+	t.Parallel()
+	h := newHistogram()
+	all := newCountdown(1)
+	s := newBenchSub(h.shard(0), all)
+	s.expect(4)
+	const now = 1000
+
+	// A batch of three frames: two patches (one op, then two) and an ack.
+	lsn := "0000000000000000001_0000000000000007"
+	ack, err := frames.Encode(&frames.Ack{Ref: "m-1", LSN: &lsn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := slices.Concat(patchLine(t, rawSID, 123), []byte("\n"), patchLine(t, rawSID, 400, 900), []byte("\n"), ack)
+	s.handleMessage(now, msg)
+	if s.count.Load() != 3 || s.other.Load() != 1 || s.fallback.Load() != 0 || s.last.Load() != now {
+		t.Errorf("after batch: count %d, other %d, fallback %d, last %d; want 3, 1, 0, %d",
+			s.count.Load(), s.other.Load(), s.fallback.Load(), s.last.Load(), now)
+	}
+	snap := h.snapshot()
+	if snap.total != 3 || snap.max != now-123 || snap.quantile(0.01) != now-900 {
+		t.Errorf("histogram: total %d, max %d, min %d; want 3, %d, %d", snap.total, snap.max, snap.quantile(0.01), now-123, now-900)
+	}
+
+	// A malformed patch falls back to Decode, which refuses it.
+	one := patchLine(t, rawSID, 5)
+	s.handleLine(now, one[:len(one)-3])
+	if s.fallback.Load() != 1 || s.undecodable.Load() != 1 || s.count.Load() != 3 {
+		t.Errorf("after malformed: fallback %d, undecodable %d, count %d; want 1, 1, 3",
+			s.fallback.Load(), s.undecodable.Load(), s.count.Load())
+	}
+	select {
+	case <-all.done:
+		t.Fatal("countdown done before the fourth delivery")
+	default:
+	}
+
+	// A valid patch in a layout the scan does not know (its sid escaped) is
+	// decoded and counted.
+	odd := bytes.Replace(patchLine(t, rawSID, 600), []byte(`"sid":"s1"`), []byte(`"sid":"s\u0031"`), 1)
+	if _, ok := scanPatch(odd, rawPatchHead, nil); ok {
+		t.Fatalf("scanPatch recognised %s", odd)
+	}
+	s.handleLine(now, odd)
+	if s.fallback.Load() != 2 || s.undecodable.Load() != 1 || s.count.Load() != 4 {
+		t.Errorf("after fallback: fallback %d, undecodable %d, count %d; want 2, 1, 4",
+			s.fallback.Load(), s.undecodable.Load(), s.count.Load())
+	}
+	select {
+	case <-all.done:
+	default:
+		t.Error("countdown not done after the expected deliveries")
+	}
+}
+
+func Test_rawConn_serverClose(t *testing.T) {
+	t.Parallel()
+	gw, err := gateway.New(gateway.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(gw.Handler())
+	defer ts.Close()
+	e, err := benchFlags{url: gwtest.WSURL(ts.URL), dialConcurrency: 1, dialTimeout: 10 * time.Second, timeout: time.Minute}.setup(t.Context(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.close()
+	s := newBenchSub(newHistogram().shard(0), newCountdown(1))
+	if err := e.dialRaw(t.Context(), s, "bench:close"); err != nil {
+		t.Fatal(err)
+	}
+	defer s.conn.Close()
+	if err := s.conn.Err(); err != nil {
+		t.Fatalf("Err before the server closed: %v", err)
+	}
+
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	if err := gw.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.conn.Done():
+	case <-ctx.Done():
+		t.Fatal("reader still running after the server closed")
+	}
+	if err := s.conn.Err(); websocket.CloseStatus(err) != websocket.StatusGoingAway {
+		t.Errorf("Err = %v; want the server's close 1001", err)
+	}
+	if err := s.conn.Close(); err != nil {
+		t.Errorf("Close after the server closed: %v", err)
 	}
 }

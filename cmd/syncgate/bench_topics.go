@@ -11,13 +11,14 @@ import (
 
 // topicsResult is the JSON line of bench topics.
 type topicsResult struct {
-	Bench  string  `json:"bench"`
-	URL    string  `json:"url"`
-	N      int     `json:"n"`
-	Prefix string  `json:"topic_prefix"`
-	Rate   float64 `json:"rate"`
-	DurS   float64 `json:"dur_s"`
-	Size   int     `json:"size"`
+	Bench      string  `json:"bench"`
+	URL        string  `json:"url"`
+	N          int     `json:"n"`
+	Prefix     string  `json:"topic_prefix"`
+	Rate       float64 `json:"rate"`
+	DurS       float64 `json:"dur_s"`
+	Size       int     `json:"size"`
+	Subscriber string  `json:"subscriber"` // -subscriber: raw or client
 
 	Sent              int64   `json:"sent"`
 	Behind            int64   `json:"behind"`
@@ -42,6 +43,12 @@ type topicsResult struct {
 
 	SubDisconnects  int    `json:"sub_disconnects"`
 	FirstDisconnect string `json:"first_disconnect,omitempty"`
+	// Raw subscriber only (0 with -subscriber client): frames it could not
+	// scan and decoded instead, those that did not decode either, and
+	// frames other than its patches.
+	FallbackDecodes int64 `json:"fallback_decodes"`
+	Undecodable     int64 `json:"undecodable_frames,omitempty"`
+	OtherFrames     int64 `json:"other_frames"`
 
 	cpuJSON
 }
@@ -91,14 +98,14 @@ func benchTopics(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	pub.topicAcked = make([]atomic.Int64, n)
 
 	hist := newHistogram()
-	ss, all, err := e.openSubs(ctx, n, func(i int) string { return topics[i] }, hist)
+	ss, all, err := e.openSubs(ctx, l.subscriber, n, func(i int) string { return topics[i] }, hist)
 	if err != nil {
 		return err
 	}
-	defer closeAll(b.dialConcurrency, subClients(ss))
+	defer closeSubs(b.dialConcurrency, ss)
 
-	fmt.Fprintf(stdout, "topics: %d topics (%s:0…) with one subscriber each, one publisher round-robin at %g msgs/s for %s, %d-byte data\n",
-		n, prefix, l.rate, l.dur, l.size)
+	fmt.Fprintf(stdout, "topics: %d topics (%s:0…) with one subscriber (%s) each, one publisher round-robin at %g msgs/s for %s, %d-byte data\n",
+		n, prefix, l.subscriber, l.rate, l.dur, l.size)
 	win := e.startCPU(ctx, stderr)
 	run := pub.run(ctx, l, topics)
 	if ctx.Err() != nil {
@@ -112,11 +119,12 @@ func benchTopics(ctx context.Context, args []string, stdout, stderr io.Writer) e
 
 	r := topicsResult{
 		Bench: "topics", URL: b.url, N: n, Prefix: prefix, Rate: l.rate, DurS: l.dur.Seconds(), Size: l.size,
-		Sent: run.sent, Behind: run.behind, OfferedPerS: perSecond(float64(run.sent), run.end.Sub(run.start)),
+		Subscriber: l.subscriber, Sent: run.sent, Behind: run.behind, OfferedPerS: perSecond(float64(run.sent), run.end.Sub(run.start)),
 		Acked: lr.acked, PublishErrors: lr.pubErrors, FirstPublishError: lr.firstPubError, Unacked: lr.unacked,
 		Delivered: lr.delivered, Expected: lr.acked, Unparsable: lr.bad,
 		AckLatency: ackHist.snapshot().json(), DeliveryLatency: hist.snapshot().json(), LatencyMethod: histMethod,
 		SubDisconnects: lr.disconnects, FirstDisconnect: lr.firstDisconnect,
+		FallbackDecodes: lr.fallback, Undecodable: lr.undecodable, OtherFrames: lr.other,
 		cpuJSON: cpu,
 	}
 	if run.err != nil {
@@ -152,5 +160,6 @@ func benchTopics(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		fmt.Fprintf(stdout, "; first: %s", r.FirstDisconnect)
 	}
 	fmt.Fprintln(stdout)
+	printRawCounts(stdout, r.Subscriber, r.FallbackDecodes, r.Undecodable, r.OtherFrames)
 	return writeJSON(stdout, r)
 }

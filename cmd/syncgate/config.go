@@ -91,6 +91,20 @@ var settings = []setting{
 		durationSetting(func(c *config) *time.Duration { return &c.Gateway.PingInterval })},
 	{"pong-timeout", "SYNCGATE_PONG_TIMEOUT", "10s", "close a session whose pong is this late (4002)",
 		durationSetting(func(c *config) *time.Duration { return &c.Gateway.PongTimeout })},
+	{"write-budget", "SYNCGATE_WRITE_BUDGET", "100000", "WebSocket messages per second the node aims to stay under by batching busy sessions' frames",
+		intSetting(func(c *config) *int { return &c.Gateway.WriteBudget })},
+	{"max-write-delay", "SYNCGATE_MAX_WRITE_DELAY", "50ms", "longest a busy session's frames wait to share a message when over the write budget (0s turns pacing off)",
+		func(c *config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 {
+				return fmt.Errorf("want a duration like 20ms, got %q", v)
+			}
+			if d == 0 {
+				d = -1 // gateway.Config: negative means off
+			}
+			c.Gateway.MaxWriteDelay = d
+			return nil
+		}},
 	{"max-subscriptions", "SYNCGATE_MAX_SUBSCRIPTIONS", "128", "active subscriptions per session",
 		intSetting(func(c *config) *int { return &c.Gateway.MaxSubscriptions })},
 	{"allowed-origins", "SYNCGATE_ALLOWED_ORIGINS", "", "comma-separated Origin patterns allowed besides the request's own host: host[:port] (app.example.com, *.example.com, localhost:5173) or scheme://host (https://app.example.com)",

@@ -199,3 +199,19 @@ func strQuote(s string) string {
 	b.WriteByte('"')
 	return b.String()
 }
+
+// Eventually polls cond every few milliseconds until it holds, failing the
+// test with msg after timeout.
+func Eventually(t testing.TB, timeout time.Duration, msg string, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(timeout)
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatalf("%s: not within %v", msg, timeout)
+		}
+	}
+}

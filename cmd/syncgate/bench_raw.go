@@ -1,0 +1,402 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/syncgate/syncgate/frames"
+)
+
+// The raw subscriber (-subscriber raw, the default) is how fanout and
+// topics receive deliveries without the bench becoming the bottleneck. The
+// client package decodes every patch strictly, allocates every message and
+// hands it across goroutines; at a few hundred thousand deliveries a
+// second that costs the bench as much CPU as the server it measures. The
+// raw subscriber reads each message into a reused buffer and finds the
+// send times with a scan that knows how the gateway encodes patches
+// (frames.AppendPatchPrefix + AppendPatchBody). Any line the scan does not
+// recognise goes through the strict frames.Decode instead and is counted
+// (fallback_decodes), so a change of layout shows in the results rather
+// than as lost deliveries.
+//
+// Setup (hello, subscribe, ack, snapshot) is not the hot path: it uses
+// frames.Encode and frames.Decode.
+
+// rawReadLimit is the largest message a raw subscriber accepts. The server
+// batches up to 64 KiB, but a single frame larger than that goes alone.
+const rawReadLimit = 8 << 20
+
+// rawBufSize is a raw subscriber's initial read buffer; it grows to the
+// largest message seen.
+const rawBufSize = 4 << 10
+
+// rawSID is the raw subscriber's only subscription.
+const rawSID = "s1"
+
+var (
+	// framePrefix starts every frame the gateway encodes: "type" comes
+	// first (see frames.Encode).
+	framePrefix = []byte(`{"type":"`)
+	// patchPrefix starts a patch frame.
+	patchPrefix = []byte(`{"type":"patch"`)
+	// rawPatchHead is what a patch for rawSID starts with, up to its first
+	// op.
+	rawPatchHead = append(frames.AppendPatchPrefix(nil, rawSID), `,"patches":[`...)
+	// patchTail follows the last op: the frame's lsn, then '}'.
+	patchTail = []byte(`],"lsn":`)
+)
+
+// subConn is a subscriber's connection: a *client.Client (-subscriber
+// client) or a *rawConn.
+type subConn interface {
+	// Done is closed when the connection has ended and its reader exited.
+	Done() <-chan struct{}
+	// Err is why the connection ended, nil while it is up.
+	Err() error
+	// Close closes with 1000 and waits for the reader.
+	Close() error
+}
+
+var _ subConn = (*rawConn)(nil)
+
+// rawConn is one raw subscriber's connection. Its only goroutine is the
+// reader, started by dialRaw once the subscription is live and waited for
+// by Close. All methods may be called concurrently.
+type rawConn struct {
+	// Static after dialRaw.
+	conn *websocket.Conn
+	sub  *benchSub
+
+	// Signals.
+	closing   chan struct{} // closed when Close starts
+	done      chan struct{} // closed when the reader has exited
+	closeOnce sync.Once
+	closeErr  error // result of the first Close
+
+	mu  sync.Mutex
+	err error // guarded by mu; why the connection ended, set before done is closed
+}
+
+// dialRaw opens a raw subscriber session for s on topic within
+// -dial-timeout: upgrade, hello, subscribe, then the server's hello, the
+// subscribe ack and the snapshot. On success s.conn is set and the reader
+// is running; on failure nothing is left open.
+func (e *benchEnv) dialRaw(ctx context.Context, s *benchSub, topic string) error {
+	ctx, cancel := context.WithTimeout(ctx, e.flags.dialTimeout)
+	defer cancel()
+	conn, _, err := websocket.Dial(ctx, e.wsURL, &websocket.DialOptions{HTTPClient: e.dialHTTP})
+	if err != nil {
+		return fmt.Errorf("raw subscriber: dial %s: %w", e.wsURL, err)
+	}
+	conn.SetReadLimit(rawReadLimit)
+	r := &rawConn{conn: conn, sub: s, closing: make(chan struct{}), done: make(chan struct{})}
+	if err := r.handshake(ctx, topic); err != nil {
+		conn.CloseNow()
+		return fmt.Errorf("raw subscriber: %w", err)
+	}
+	s.conn = r
+	go r.readLoop()
+	return nil
+}
+
+// handshake sends hello and subscribe add, then reads until it has the
+// server's hello, the ack of the subscribe and its snapshot. Frames after
+// the snapshot in the same message are deliveries.
+func (r *rawConn) handshake(ctx context.Context, topic string) error {
+	for _, f := range []frames.Frame{
+		&frames.Hello{BuildID: benchBuildID, Resume: []frames.Cursor{}},
+		&frames.Subscribe{Op: frames.OpAdd, SID: rawSID, Target: frames.Target{Kind: frames.TargetTopic, Topic: topic}},
+	} {
+		b, err := frames.Encode(f)
+		if err != nil {
+			return fmt.Errorf("encode %s: %w", f.FrameType(), err)
+		}
+		if err := r.conn.Write(ctx, websocket.MessageText, b); err != nil {
+			return fmt.Errorf("send %s: %w", f.FrameType(), err)
+		}
+	}
+	var hello, acked, live bool
+	for !live {
+		typ, msg, err := r.conn.Read(ctx)
+		if err != nil {
+			return fmt.Errorf("waiting for hello, ack and snapshot: %w", err)
+		}
+		if typ != websocket.MessageText {
+			continue
+		}
+		now := time.Now().UnixNano()
+		var ferr error
+		frames.Split(msg, func(line []byte) bool {
+			if live {
+				r.sub.handleLine(now, line)
+				return true
+			}
+			f, err := frames.Decode(line)
+			if err != nil {
+				ferr = fmt.Errorf("undecodable frame during setup: %w", err)
+				return false
+			}
+			switch f := f.(type) {
+			case *frames.Hello:
+				hello = true
+			case *frames.Ack:
+				if f.Error != nil {
+					ferr = fmt.Errorf("subscribe %s: %w", topic, &frames.Error{
+						Code: f.Error.Code, Cause: f.Error.Cause, Fix: f.Error.Fix, Docs: f.Error.Docs, Ref: f.Ref,
+					})
+					return false
+				}
+				acked = acked || f.Ref == rawSID
+			case *frames.Snapshot:
+				if f.SID == rawSID {
+					if !hello || !acked {
+						ferr = fmt.Errorf("subscribe %s: snapshot before the server's hello and the ack", topic)
+						return false
+					}
+					live = true
+				}
+			}
+			return true
+		})
+		if ferr != nil {
+			return ferr
+		}
+	}
+	return nil
+}
+
+// readLoop reads messages into one reused buffer and hands them to the
+// subscriber until the connection ends.
+func (r *rawConn) readLoop() {
+	var (
+		buf []byte
+		typ websocket.MessageType
+		err error
+	)
+	for {
+		// No deadline: the loop ends when the connection does (Close, a
+		// server close, or a network error). A ctx without Done also
+		// keeps coder/websocket from arming a timer per read.
+		typ, buf, err = readMessage(r.conn, buf[:0])
+		if err != nil {
+			break
+		}
+		if typ != websocket.MessageText {
+			r.sub.other.Add(1)
+			continue
+		}
+		r.sub.handleMessage(time.Now().UnixNano(), buf)
+	}
+	r.shutdown(err)
+}
+
+// readMessage appends the next message to buf, growing it as needed.
+func readMessage(conn *websocket.Conn, buf []byte) (websocket.MessageType, []byte, error) {
+	typ, rd, err := conn.Reader(context.Background())
+	if err != nil {
+		return 0, buf, err
+	}
+	for {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, max(rawBufSize, cap(buf)))
+		}
+		n, err := rd.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if errors.Is(err, io.EOF) {
+			return typ, buf, nil
+		}
+		if err != nil {
+			return 0, buf, err
+		}
+	}
+}
+
+// shutdown records why the connection ended. It runs once, at the end of
+// the reader.
+func (r *rawConn) shutdown(readErr error) {
+	var err error
+	select {
+	case <-r.closing:
+		err = net.ErrClosed
+	default:
+		err = fmt.Errorf("raw subscriber: connection ended: %w", readErr)
+		r.conn.CloseNow() // release it whatever the read error was
+	}
+	r.mu.Lock()
+	r.err = err
+	r.mu.Unlock()
+	close(r.done)
+}
+
+// Done returns a channel closed when the reader has exited.
+func (r *rawConn) Done() <-chan struct{} { return r.done }
+
+// Err returns why the connection ended, or nil while it is up; after
+// Close, net.ErrClosed.
+func (r *rawConn) Err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
+}
+
+// Close closes the connection with 1000 (normal closure) and waits for the
+// reader. Later calls return nil.
+func (r *rawConn) Close() error {
+	first := false
+	r.closeOnce.Do(func() {
+		first = true
+		close(r.closing)
+		if err := r.conn.Close(websocket.StatusNormalClosure, ""); err != nil && !errors.Is(err, net.ErrClosed) {
+			r.closeErr = fmt.Errorf("raw subscriber: close: %w", err)
+		}
+	})
+	<-r.done
+	if !first {
+		return nil
+	}
+	return r.closeErr
+}
+
+// handleMessage handles each frame of one message received at now (Unix
+// ns). It runs on the reader (or, for the message that carried the
+// snapshot, on dialRaw before the reader starts).
+func (s *benchSub) handleMessage(now int64, msg []byte) {
+	frames.Split(msg, func(line []byte) bool {
+		s.handleLine(now, line)
+		return true
+	})
+}
+
+// handleLine handles one frame: a patch found by scanPatch is counted
+// without decoding; another frame the gateway encoded (it starts with
+// {"type":") is counted in other; anything else, including a patch the
+// scan does not recognise, is decoded strictly and counted in fallback.
+func (s *benchSub) handleLine(now int64, line []byte) {
+	if !bytes.HasPrefix(line, patchPrefix) && bytes.HasPrefix(line, framePrefix) {
+		s.other.Add(1)
+		return
+	}
+	ts, ok := scanPatch(line, rawPatchHead, s.scratch[:0])
+	s.scratch = ts[:0] // keep what it grew to
+	if ok {
+		for _, t := range ts {
+			s.hist.record(now - t)
+		}
+		s.add(now, int64(len(ts)))
+		return
+	}
+	s.fallback.Add(1)
+	f, err := frames.Decode(line)
+	if err != nil {
+		s.undecodable.Add(1)
+		return
+	}
+	if p, isPatch := f.(*frames.Patch); isPatch && p.SID == rawSID {
+		s.handlePatch(now, p)
+		return
+	}
+	s.other.Add(1)
+}
+
+// scanPatch appends to ts the send time of every op in line, which must be
+// a whole patch frame laid out as the gateway encodes it and starting with
+// head (the frame's prefix for one sid, up to and including
+// ,"patches":[). Each op must carry a row whose data starts with the
+// bench's timestamp (see rowSendTime). It reports false for anything else
+// (another layout, another sid, an op without a time, a truncated line);
+// ts may then have been extended.
+func scanPatch(line, head []byte, ts []int64) ([]int64, bool) {
+	if !bytes.HasPrefix(line, head) {
+		return ts, false
+	}
+	i := len(head)
+	if i < len(line) && line[i] != ']' {
+		for {
+			if i >= len(line) || line[i] != '{' {
+				return ts, false
+			}
+			end := skipObject(line, i)
+			if end < 0 {
+				return ts, false
+			}
+			t, ok := rowSendTime(line[i:end])
+			if !ok {
+				return ts, false
+			}
+			ts = append(ts, t)
+			if i = end; i >= len(line) || line[i] != ',' {
+				break
+			}
+			i++
+		}
+	}
+	rest := line[i:]
+	if !bytes.HasPrefix(rest, patchTail) {
+		return ts, false
+	}
+	j := len(patchTail)
+	if j >= len(rest) || rest[j] != '"' {
+		return ts, false
+	}
+	j = skipString(rest, j)
+	return ts, j >= 0 && j == len(rest)-2 && rest[j+1] == '}'
+}
+
+// skipObject returns the index just past the JSON object starting at
+// b[i] ('{'), or -1 if it does not end within b. It balances braces and
+// brackets outside strings; it does not validate.
+func skipObject(b []byte, i int) int {
+	depth := 0
+	for j := i; j < len(b); j++ {
+		switch b[j] {
+		case '"':
+			if j = skipString(b, j); j < 0 {
+				return -1
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth--; depth == 0 {
+				return j + 1
+			}
+		}
+	}
+	return -1
+}
+
+// skipString returns the index of the quote that closes the JSON string
+// whose opening quote is b[i], or -1 if it does not close within b.
+func skipString(b []byte, i int) int {
+	for k := i + 1; k < len(b); k++ {
+		q := bytes.IndexByte(b[k:], '"')
+		if q < 0 {
+			return -1
+		}
+		k += q
+		n := 0 // backslashes right before the quote: an odd count escapes it
+		for m := k - 1; m > i && b[m] == '\\'; m-- {
+			n++
+		}
+		if n%2 == 0 {
+			return k
+		}
+	}
+	return -1
+}
+
+// printRawCounts writes the raw subscriber's summary line, if it was used.
+func printRawCounts(w io.Writer, mode string, fallback, undecodable, other int64) {
+	if mode != subscriberRaw {
+		return
+	}
+	fmt.Fprintf(w, "  raw subs   %d fallback decodes (%d undecodable), %d other frames\n", fallback, undecodable, other)
+}

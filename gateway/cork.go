@@ -1,0 +1,89 @@
+package gateway
+
+import (
+	"net"
+	"sync"
+)
+
+// writeBufferSize is the size of the bufio.Writer coder/websocket writes
+// frames through. It only has to hold a frame header plus a control frame;
+// data messages bypass it while corked (see corkConn), so a session holds a
+// few hundred bytes for writing instead of net/http's 4 KiB.
+const writeBufferSize = 256
+
+// corkConn is the connection under coder/websocket. While the session's
+// writer holds it corked, the header and payload writes of a message are
+// collected and leave in one writev when it uncorks: one syscall per
+// message whatever its size, with a small write buffer. Uncorked (control
+// frames written by the reader, close frames), writes pass straight through.
+type corkConn struct {
+	net.Conn
+
+	mu     sync.Mutex
+	corked bool        // guarded by mu
+	small  []byte      // guarded by mu: copies of short writes, pooled while corked
+	parts  net.Buffers // guarded by mu: pending writes in order
+}
+
+var corkBufPool = sync.Pool{New: func() any { b := make([]byte, 0, 2*writeBufferSize); return &b }}
+
+// Write collects p while corked. A write longer than writeBufferSize is the
+// caller's own slice (bufio passes large writes through) and is referenced
+// until uncork, which the session calls before that slice is reused; a
+// shorter one may be bufio's buffer, reused on return, so it is copied.
+func (c *corkConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	if !c.corked {
+		c.mu.Unlock()
+		return c.Conn.Write(p)
+	}
+	defer c.mu.Unlock()
+	if len(p) > writeBufferSize {
+		c.parts = append(c.parts, p)
+		return len(p), nil
+	}
+	if c.small == nil {
+		c.small = (*corkBufPool.Get().(*[]byte))[:0]
+	}
+	start := len(c.small)
+	if cap(c.small)-start < len(p) {
+		// Growing would move bytes that parts already points at: give the
+		// earlier copies their own slice and start a new one.
+		c.small = make([]byte, 0, max(2*writeBufferSize, len(p)))
+		start = 0
+	}
+	c.small = append(c.small, p...)
+	c.parts = append(c.parts, c.small[start:len(c.small):len(c.small)])
+	return len(p), nil
+}
+
+func (c *corkConn) cork() {
+	c.mu.Lock()
+	c.corked = true
+	c.mu.Unlock()
+}
+
+// uncork writes everything collected since cork in one writev.
+func (c *corkConn) uncork() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.corked = false
+	var err error
+	if len(c.parts) > 0 {
+		bufs := c.parts // WriteTo consumes the slice header
+		_, err = bufs.WriteTo(c.Conn)
+	}
+	clear(c.parts)
+	c.parts = c.parts[:0]
+	if cap(c.parts) > 16 {
+		c.parts = nil
+	}
+	if c.small != nil {
+		if cap(c.small) == 2*writeBufferSize {
+			b := c.small[:0]
+			corkBufPool.Put(&b)
+		}
+		c.small = nil
+	}
+	return err
+}
