@@ -41,12 +41,13 @@ func (h hijackSizer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	}
 	// Carry over bytes the client sent right behind its upgrade request:
 	// they must be the first the new reader returns.
+	if n == 0 {
+		return cc, bufio.NewReadWriter(bufio.NewReaderSize(c, readBufferSize), w), nil
+	}
 	pending, _ := brw.Reader.Peek(n)
 	r := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(bytes.Clone(pending)), c), readBufferSize)
-	if n > 0 {
-		if _, err := r.Peek(n); err != nil {
-			return cc, bufio.NewReadWriter(brw.Reader, w), nil
-		}
+	if _, err := r.Peek(n); err != nil {
+		return cc, bufio.NewReadWriter(brw.Reader, w), nil
 	}
 	return cc, bufio.NewReadWriter(r, w), nil
 }

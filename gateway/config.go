@@ -3,6 +3,7 @@ package gateway
 import (
 	"fmt"
 	"log/slog"
+	"runtime"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -64,7 +65,9 @@ type Config struct {
 	// WriteBudget is the node's target rate of WebSocket messages written
 	// per second. Above it, busy sessions batch more frames per message by
 	// waiting up to MaxWriteDelay between their writes (see docs/architecture.md,
-	// Pacing). Zero means 100000.
+	// Pacing). Zero means 12500 per core (runtime.GOMAXPROCS): a message
+	// costs the sender about 5-15 µs of CPU whatever its size, so this keeps
+	// writes to a fraction of the machine (docs/benchmarks.md measures it).
 	WriteBudget int
 
 	// MaxWriteDelay bounds the wait pacing adds before a session's next
@@ -100,7 +103,7 @@ func (c Config) withDefaults() (Config, error) {
 	setDefault(&c.PingInterval, 25*time.Second)
 	setDefault(&c.PongTimeout, 10*time.Second)
 	setDefault(&c.MaxSubscriptions, 128)
-	setDefault(&c.WriteBudget, 100000)
+	setDefault(&c.WriteBudget, 12500*runtime.GOMAXPROCS(0))
 	setDefault(&c.MaxWriteDelay, 50*time.Millisecond)
 	setDefault(&c.ProducerWindow, 256)
 	setDefault(&c.ProducerIdle, 24*time.Hour)

@@ -78,6 +78,8 @@ func (s *session) handleFrameHello(f *frames.Hello) {
 		s.prod = s.srv.producers.acquire(f.ClientID, f.Epoch)
 	} // else the session is its own producer, made at its first mutate
 	s.helloDone.Store(true)
+	s.helloTimer.Stop()
+	s.helloTimer = nil
 	id := s.id
 	s.send(&frames.Hello{
 		BuildID:   s.srv.cfg.BuildID,
@@ -148,10 +150,20 @@ func (s *session) handleFrameSubscribe(ctx context.Context, f *frames.Subscribe)
 	s.subs[f.SID] = sub
 }
 
-// publishInput is the input of the built-in "publish" mutation.
-type publishInput struct {
-	Topic *string         `json:"topic"`
-	Data  json.RawMessage `json:"data"`
+// publishInput reads the input of the built-in "publish" mutation,
+// {topic: string, data: any JSON}, without a reflective decode.
+func publishInput(in []byte) (topic string, data []byte, ok bool) {
+	var haveTopic bool
+	isObj := frames.Fields(in, func(k []byte, v json.RawMessage) bool {
+		switch string(k) {
+		case "topic":
+			topic, haveTopic = frames.Unquote(v)
+		case "data":
+			data = v
+		}
+		return true
+	})
+	return topic, data, isObj && haveTopic && len(data) > 0
 }
 
 func (s *session) handleFrameMutate(ctx context.Context, f *frames.Mutate) {
@@ -171,19 +183,19 @@ func (s *session) mutate(ctx context.Context, f *frames.Mutate) outcome {
 			`use a mutation this server knows: "publish"`)
 		return o
 	}
-	var in publishInput
-	if err := json.Unmarshal(f.Input, &in); err != nil || in.Topic == nil || len(in.Data) == 0 {
+	topic, data, ok := publishInput(f.Input)
+	if !ok {
 		o.err = frames.NewError(frames.CodeBadInput, f.Key, "mutate.input: publish wants an object {topic: string, data: any JSON}",
 			`send input like {"topic":"room:1","data":{"text":"hi"}}`)
 		return o
 	}
-	if err := validTopic(*in.Topic); err != nil {
+	if err := validTopic(topic); err != nil {
 		o.err = frames.NewError(frames.CodeBadTopic, f.Key, "mutate.input.topic: "+err.Error(), topicFix)
 		return o
 	}
-	lsn, err := s.srv.publish(ctx, *in.Topic, nil, in.Data)
+	lsn, err := s.srv.publish(ctx, topic, nil, data)
 	if err != nil {
-		s.log().Warn("publish failed", "topic", *in.Topic, "err", err)
+		s.log().Warn("publish failed", "topic", topic, "err", err)
 		o.err = frames.NewError(frames.CodeInternal, f.Key, "the server could not publish", "retry the same mutate (same key and seq) later")
 		return o
 	}

@@ -60,6 +60,7 @@ type metrics struct {
 	closes          [numCloseReasons]prometheus.Counter
 	deliveryLatency prometheus.Histogram
 	publishes       prometheus.Counter
+	writeDelay      prometheus.Gauge
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
@@ -96,6 +97,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		publishes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "syncgate_publishes_total", Help: "Messages published (each encoded once).",
 		}),
+		writeDelay: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "syncgate_write_delay_seconds", Help: "Current pacing delay between a busy session's writes (0 while under the write budget).",
+		}),
 		drops: map[string]prometheus.Counter{},
 	}
 	framesIn := prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -121,7 +125,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		m.closes[r] = closes.WithLabelValues(r.String())
 	}
 	reg.MustRegister(m.sessions, m.accepted, m.rejected, framesIn, framesOut, m.badFrames,
-		m.errorsByCode, m.bytesIn, m.bytesOut, m.messagesOut, drops, closes, m.deliveryLatency, m.publishes)
+		m.errorsByCode, m.bytesIn, m.bytesOut, m.messagesOut, drops, closes, m.deliveryLatency, m.publishes, m.writeDelay)
 	return m
 }
 

@@ -62,7 +62,6 @@ func New(cfg Config) (*Server, error) {
 		sessions:  map[*session]struct{}{},
 		stopSweep: make(chan struct{}),
 	}
-	s.pacer = newPacer(cfg.WriteBudget, cfg.MaxWriteDelay, s.stopSweep)
 	if s.transport == nil {
 		s.ownsHub = fanout.NewHub(fanout.HubConfig{Now: cfg.Now})
 		s.transport = s.ownsHub
@@ -72,6 +71,7 @@ func New(cfg Config) (*Server, error) {
 		reg = newRegistry()
 	}
 	s.metrics = newMetrics(reg)
+	s.pacer = newPacer(cfg.WriteBudget, cfg.MaxWriteDelay, s.stopSweep, s.metrics.writeDelay)
 	s.baseCtx, s.cancel = context.WithCancel(context.Background())
 
 	mux := http.NewServeMux()

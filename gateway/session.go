@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -26,11 +27,13 @@ type session struct {
 	ctx     context.Context // parent of writes; cancelled when run returns
 
 	// Set by the hello handler on the reader goroutine before helloDone is
-	// stored; read only by the reader afterwards.
-	helloDone atomic.Bool
-	clientID  string
-	epoch     int64
-	prod      *producer
+	// stored; read only by the reader afterwards. helloTimer is owned by the
+	// reader, and dropped once hello arrives.
+	helloDone  atomic.Bool
+	helloTimer *time.Timer
+	clientID   string
+	epoch      int64
+	prod       *producer
 
 	// Owned by the reader goroutine. Nil until the first subscribe.
 	subs map[string]*subscription
@@ -87,13 +90,15 @@ func (s *session) run() {
 	s.q.mu.Lock()
 	s.pingTimer = time.AfterFunc(s.srv.cfg.PingInterval, s.pingTick)
 	s.q.mu.Unlock()
-	hello := time.AfterFunc(s.srv.cfg.HelloTimeout, func() {
+	s.helloTimer = time.AfterFunc(s.srv.cfg.HelloTimeout, func() {
 		if !s.helloDone.Load() {
 			s.closeWith(reasonHelloTimeout)
 		}
 	})
 	err := s.readLoop()
-	hello.Stop()
+	if s.helloTimer != nil {
+		s.helloTimer.Stop()
+	}
 	s.closeWith(readErrorReason(err))
 	s.q.mu.Lock() // after closeWith no writer starts and the timer is not re-armed
 	s.pingTimer.Stop()
@@ -125,8 +130,14 @@ func (s *session) readLoop() error {
 	for {
 		// No ctx: closing the connection is what ends a read, and a
 		// cancellable ctx would cost a registration per message.
-		typ, msg, err := s.conn.Read(context.Background())
+		typ, r, err := s.conn.Reader(context.Background())
 		if err != nil {
+			return err
+		}
+		bp := readBufPool.Get().(*[]byte)
+		msg, err := readMessage(r, (*bp)[:0])
+		if err != nil {
+			readBufPool.Put(bp)
 			return err
 		}
 		s.lastRead.Store(s.srv.cfg.Now().UnixNano())
@@ -134,12 +145,39 @@ func (s *session) readLoop() error {
 		if typ != websocket.MessageText {
 			s.sendError(frames.NewError(frames.CodeBadFrame, "", "binary WebSocket message",
 				"send frames as JSON in text messages"))
-			continue
+		} else {
+			// Decoded frames do not point into msg, so the buffer is
+			// reused for the next message.
+			frames.Split(msg, func(line []byte) bool {
+				s.handleLine(s.ctx, line)
+				return !s.closing.Load()
+			})
 		}
-		frames.Split(msg, func(line []byte) bool {
-			s.handleLine(s.ctx, line)
-			return !s.closing.Load()
-		})
+		if cap(msg) <= 64<<10 {
+			*bp = msg[:0]
+			readBufPool.Put(bp)
+		}
+	}
+}
+
+// readBufPool holds inbound message buffers: an idle session holds none.
+var readBufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
+
+// readMessage reads all of r into buf, growing it; the connection's read
+// limit bounds the size.
+func readMessage(r io.Reader, buf []byte) ([]byte, error) {
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
 	}
 }
 

@@ -70,6 +70,13 @@ func (q *sendQueue) push(it outItem, maxItems, maxBytes int) pushResult {
 	return pushedStart
 }
 
+// pressed reports whether the queue holds at least items frames or bytes.
+func (q *sendQueue) pressed(items, bytes int) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.items) >= items || q.bytes >= bytes
+}
+
 // next hands the writer everything queued, taking spare (emptied) as the new
 // backing slice so steady state allocates nothing. When there is nothing to
 // do it marks the writer stopped and returns done; closing reports that the
@@ -102,8 +109,10 @@ func (s *session) writeLoop(ctx context.Context) {
 	}()
 	for {
 		// Pacing: under load, a session writes at most once per delay so
-		// that frames queued meanwhile share one message (see pacer).
-		if d := s.srv.pacer.delay(); d > 0 {
+		// that frames queued meanwhile share one message (see pacer). A
+		// session whose queue is an eighth full writes at once: pacing must
+		// never be what makes a consumer slow.
+		if d := s.srv.pacer.delay(); d > 0 && !s.q.pressed(s.srv.cfg.SendQueueMessages/8, s.srv.cfg.SendQueueBytes/8) {
 			if left := time.Duration(s.lastWrite + int64(d) - s.srv.cfg.Now().UnixNano()); left > 0 {
 				if wait == nil {
 					wait = time.NewTimer(left)

@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -482,6 +483,9 @@ type cpuJSON struct {
 	ServerCPUUsPerDelivery *float64 `json:"server_cpu_us_per_delivery"`
 	ServerSlowConsumer     *float64 `json:"server_slow_consumer_closes"`
 	ServerQueueDrops       *float64 `json:"server_queue_full_drops"`
+	ServerMessagesPerS     *float64 `json:"server_messages_per_s"`
+	ServerFramesPerMessage *float64 `json:"server_frames_per_message"`
+	ServerWriteDelayMs     *float64 `json:"server_write_delay_ms"`
 }
 
 // stop ends the window; deliveries is what the server delivered in it.
@@ -501,6 +505,21 @@ func (w cpuWindow) stop(ctx context.Context, e *benchEnv, stderr io.Writer, deli
 	}
 	j.ServerSlowConsumer = optRound(delta(w.serverStart, after, metricSlowConsumer), 0)
 	j.ServerQueueDrops = optRound(delta(w.serverStart, after, metricQueueDrops), 0)
+	if msgs := delta(w.serverStart, after, metricMessagesOut); msgs != nil && *msgs > 0 {
+		j.ServerMessagesPerS = ptr(round(*msgs/wall.Seconds(), 0))
+		var frames float64
+		for series := range after {
+			if strings.HasPrefix(series, metricFramesOut+"{") {
+				if d := delta(w.serverStart, after, series); d != nil {
+					frames += *d
+				}
+			}
+		}
+		j.ServerFramesPerMessage = ptr(round(frames / *msgs, 2))
+	}
+	if d, ok := after.get(metricWriteDelay); ok {
+		j.ServerWriteDelayMs = ptr(round(d*1000, 2))
+	}
 	return j
 }
 
@@ -519,6 +538,12 @@ func (j cpuJSON) String() string {
 		s += fmt.Sprintf(", bench %.2f cores", *j.BenchCores)
 	}
 	s += fmt.Sprintf(" over %.2fs", j.WindowS)
+	if j.ServerMessagesPerS != nil && j.ServerFramesPerMessage != nil {
+		s += fmt.Sprintf("; server wrote %.0f msgs/s, %.2f frames/msg", *j.ServerMessagesPerS, *j.ServerFramesPerMessage)
+	}
+	if j.ServerWriteDelayMs != nil {
+		s += fmt.Sprintf(", pacing delay %.1fms at the end", *j.ServerWriteDelayMs)
+	}
 	if j.ServerSlowConsumer != nil && *j.ServerSlowConsumer > 0 {
 		s += fmt.Sprintf("; server closed %.0f slow consumers", *j.ServerSlowConsumer)
 	}

@@ -19,6 +19,10 @@ const (
 	metricSessions     = "syncgate_sessions"
 	metricSlowConsumer = `syncgate_closes_total{reason="slow_consumer"}`
 	metricQueueDrops   = `syncgate_drops_total{reason="queue_full"}`
+	metricMessagesOut  = "syncgate_messages_out_total"
+	metricPatchesOut   = `syncgate_frames_out_total{type="patch"}`
+	metricFramesOut    = "syncgate_frames_out_total"
+	metricWriteDelay   = "syncgate_write_delay_seconds"
 )
 
 // scrape is one read of /metrics: sample value by series, the series

@@ -91,8 +91,14 @@ var settings = []setting{
 		durationSetting(func(c *config) *time.Duration { return &c.Gateway.PingInterval })},
 	{"pong-timeout", "SYNCGATE_PONG_TIMEOUT", "10s", "close a session whose pong is this late (4002)",
 		durationSetting(func(c *config) *time.Duration { return &c.Gateway.PongTimeout })},
-	{"write-budget", "SYNCGATE_WRITE_BUDGET", "100000", "WebSocket messages per second the node aims to stay under by batching busy sessions' frames",
-		intSetting(func(c *config) *int { return &c.Gateway.WriteBudget })},
+	{"write-budget", "SYNCGATE_WRITE_BUDGET", "auto", "WebSocket messages per second the node aims to stay under by batching busy sessions' frames (auto: 12500 per core)",
+		func(c *config, v string) error {
+			if v == "auto" {
+				c.Gateway.WriteBudget = 0
+				return nil
+			}
+			return intSetting(func(c *config) *int { return &c.Gateway.WriteBudget })(c, v)
+		}},
 	{"max-write-delay", "SYNCGATE_MAX_WRITE_DELAY", "50ms", "longest a busy session's frames wait to share a message when over the write budget (0s turns pacing off)",
 		func(c *config, v string) error {
 			d, err := time.ParseDuration(v)

@@ -1,0 +1,60 @@
+package frames
+
+import (
+	"encoding/json"
+	"testing"
+)
+
+func TestFields(t *testing.T) {
+	t.Parallel()
+	var got []string
+	ok := Fields(json.RawMessage(` {"topic":"a\"b","data":{"x":[1,"}"]},"t\u0065":null}`), func(k []byte, v json.RawMessage) bool {
+		got = append(got, string(k)+"="+string(v))
+		return true
+	})
+	want := []string{`topic="a\"b"`, `data={"x":[1,"}"]}`, `te=null`}
+	if !ok || len(got) != len(want) {
+		t.Fatalf("got %q ok %v", got, ok)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("field %d = %q, want %q", i, got[i], want[i])
+		}
+	}
+	for _, notObj := range []string{`[1]`, `"s"`, `1`, ``, `null`} {
+		if Fields(json.RawMessage(notObj), func([]byte, json.RawMessage) bool { return true }) {
+			t.Errorf("Fields(%q) = true", notObj)
+		}
+	}
+	if s, ok := Unquote(json.RawMessage(`"a\"b\u00e9"`)); !ok || s != `a"bé` {
+		t.Fatalf("Unquote = %q %v", s, ok)
+	}
+	if _, ok := Unquote(json.RawMessage(`12`)); ok {
+		t.Fatal("Unquote(12) ok")
+	}
+}
+
+// TestDecode_DoesNotAliasInput: the gateway decodes out of a pooled read
+// buffer that it reuses, so a decoded frame must not point into its input.
+func TestDecode_DoesNotAliasInput(t *testing.T) {
+	t.Parallel()
+	for _, line := range []string{
+		`{"type":"mutate","v":1,"key":"k1","seq":3,"name":"publish","input":{"topic":"t","data":{"a":[1,2,"x"]}}}`,
+		`{"type":"subscribe","v":1,"op":"add","sid":"s","target":{"kind":"query","qid":"q","input":{"f":"v"},"cursor":{"qid":"q","lsn":"","digest":"d","ids":["a","b"],"count":2,"at":5}}}`,
+		`{"type":"presence","v":1,"topic":"room","op":"join","members":[{"id":"m","actorId":"a","meta":{"n":"x"},"updatedAt":1}]}`,
+		`{"type":"hello","v":1,"buildId":"b","sessionId":null,"actorId":null,"resume":[],"token":"tok","clientId":"c"}`,
+	} {
+		buf := []byte(line)
+		f, err := Decode(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := Encode(f)
+		for i := range buf {
+			buf[i] = 'X'
+		}
+		if got, _ := Encode(f); string(got) != string(want) {
+			t.Fatalf("decoded frame changed with its input:\n%s\n%s", want, got)
+		}
+	}
+}
