@@ -43,7 +43,8 @@ type Config struct {
 
 	// SendQueueMessages and SendQueueBytes bound a session's send queue;
 	// overflowing either closes the session with 4001 (slow consumer).
-	// Zero means 4096 messages and 4 MiB.
+	// Zero means 65536 frames and 4 MiB: the byte bound is the one that
+	// usually acts; the frame bound caps bookkeeping for tiny frames.
 	SendQueueMessages int
 	SendQueueBytes    int
 
@@ -65,10 +66,18 @@ type Config struct {
 	// WriteBudget is the node's target rate of WebSocket messages written
 	// per second. Above it, busy sessions batch more frames per message by
 	// waiting up to MaxWriteDelay between their writes (see docs/architecture.md,
-	// Pacing). Zero means 12500 per core (runtime.GOMAXPROCS): a message
-	// costs the sender about 5-15 µs of CPU whatever its size, so this keeps
-	// writes to a fraction of the machine (docs/benchmarks.md measures it).
+	// Pacing). Zero means 50000 per core (runtime.GOMAXPROCS): a message
+	// costs the sender about 5-15 µs of CPU whatever its size.
 	WriteBudget int
+
+	// PaceCPU is the share of the node's cores (0-1) above which it paces
+	// busy sessions whatever the write rate. Zero means 0.4: headroom for
+	// bursts, so fanout does not queue behind a saturated CPU.
+	PaceCPU float64
+
+	// CPUTime returns the CPU time the process has used, for pacing. Nil
+	// means getrusage (on non-Unix systems pacing follows the rate alone).
+	CPUTime func() time.Duration
 
 	// MaxWriteDelay bounds the wait pacing adds before a session's next
 	// write. Zero means 50ms; negative turns pacing off.
@@ -97,13 +106,17 @@ func (c Config) withDefaults() (Config, error) {
 	setDefault(&c.HelloTimeout, 10*time.Second)
 	setDefault(&c.MaxFrameBytes, 65536)
 	setDefault(&c.MaxBatchBytes, 65536)
-	setDefault(&c.SendQueueMessages, 4096)
+	setDefault(&c.SendQueueMessages, 65536)
 	setDefault(&c.SendQueueBytes, 4<<20)
 	setDefault(&c.WriteTimeout, 10*time.Second)
 	setDefault(&c.PingInterval, 25*time.Second)
 	setDefault(&c.PongTimeout, 10*time.Second)
 	setDefault(&c.MaxSubscriptions, 128)
-	setDefault(&c.WriteBudget, 12500*runtime.GOMAXPROCS(0))
+	setDefault(&c.WriteBudget, 50000*runtime.GOMAXPROCS(0))
+	setDefault(&c.PaceCPU, 0.4)
+	if c.CPUTime == nil {
+		c.CPUTime = processCPU
+	}
 	setDefault(&c.MaxWriteDelay, 50*time.Millisecond)
 	setDefault(&c.ProducerWindow, 256)
 	setDefault(&c.ProducerIdle, 24*time.Hour)
@@ -114,7 +127,7 @@ func (c Config) withDefaults() (Config, error) {
 	switch {
 	case c.HelloTimeout < 0, c.MaxFrameBytes < 0, c.MaxBatchBytes < 0, c.SendQueueMessages < 0,
 		c.SendQueueBytes < 0, c.WriteTimeout < 0, c.WriteBudget < 0, c.PingInterval < 0, c.PongTimeout < 0,
-		c.MaxSubscriptions < 0, c.ProducerWindow < 0, c.ProducerIdle < 0:
+		c.MaxSubscriptions < 0, c.ProducerWindow < 0, c.ProducerIdle < 0, c.PaceCPU < 0 || c.PaceCPU > 1:
 		return c, fmt.Errorf("gateway: negative limit in config")
 	case int64(c.SendQueueBytes) < c.MaxFrameBytes:
 		return c, fmt.Errorf("gateway: SendQueueBytes (%d) must be at least MaxFrameBytes (%d)", c.SendQueueBytes, c.MaxFrameBytes)

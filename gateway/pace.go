@@ -1,28 +1,35 @@
 package gateway
 
 import (
+	"runtime"
 	"sync/atomic"
 	"time"
 )
 
-// pacer keeps the node's WebSocket write rate near a budget by making busy
-// sessions batch. Each message costs the sender a syscall and a trip
-// through the TCP stack whatever its size (5-15 µs of CPU on the machine in
-// docs/benchmarks.md), so writing each frame alone stops scaling long
-// before the CPU is spent on the frames themselves.
+// pacer makes busy sessions batch when the node is busy. Each WebSocket
+// message costs the sender a syscall and a trip through the TCP stack
+// whatever its size (5-15 µs of CPU on the machine in docs/benchmarks.md),
+// so writing each frame alone stops scaling long before the CPU is spent on
+// the frames themselves.
 //
-// When the node writes more than WriteBudget messages a second, every
-// session waits up to the current delay after its last write before
-// writing again, and the frames queued meanwhile go out together. Quiet
-// sessions (whose frames are further apart than the delay) are never held
-// back, a session whose queue fills up writes at once, and with the rate
-// under budget the delay is zero.
+// While the pacing delay is non-zero, every session waits up to it after
+// its last write before writing again, and the frames queued meanwhile go
+// out together. Quiet sessions (whose frames are further apart than the
+// delay) are never held back, and a session whose queue fills up writes at
+// once.
 //
-// Every pacerTick the delay is scaled by measured rate / budget (halved
-// when the rate is under half the budget), within [0, MaxWriteDelay].
+// The node is busy when its own CPU use over the last tick exceeds
+// PaceCPU of its cores, or when it writes more than WriteBudget messages a
+// second. While busy the delay grows by half each pacerTick (starting at
+// pacerMinDelay); while clearly idle (CPU under 60% of PaceCPU and the rate
+// under half the budget) it halves; in between it holds. It stays within
+// [0, MaxWriteDelay].
 type pacer struct {
 	budget   float64 // writes per second
-	maxDelay int64   // nanoseconds
+	cpuShare float64 // busy above this share of the cores
+	cores    float64
+	maxDelay int64 // nanoseconds
+	cpuTime  func() time.Duration
 	stop     <-chan struct{}
 	gauge    interface{ Set(float64) }
 
@@ -32,11 +39,19 @@ type pacer struct {
 
 const (
 	pacerTick     = 50 * time.Millisecond
-	pacerMinDelay = 250 * time.Microsecond
+	pacerMinDelay = time.Millisecond
 )
 
-func newPacer(budget int, maxDelay time.Duration, stop <-chan struct{}, gauge interface{ Set(float64) }) *pacer {
-	return &pacer{budget: float64(budget), maxDelay: int64(maxDelay), stop: stop, gauge: gauge}
+func newPacer(cfg Config, stop <-chan struct{}, gauge interface{ Set(float64) }) *pacer {
+	return &pacer{
+		budget:   float64(cfg.WriteBudget),
+		cpuShare: cfg.PaceCPU,
+		cores:    float64(runtime.GOMAXPROCS(0)),
+		maxDelay: int64(cfg.MaxWriteDelay),
+		cpuTime:  cfg.CPUTime,
+		stop:     stop,
+		gauge:    gauge,
+	}
 }
 
 // wrote counts one WebSocket message written.
@@ -51,29 +66,39 @@ func (p *pacer) run() {
 	}
 	t := time.NewTicker(pacerTick)
 	defer t.Stop()
+	last, lastCPU := time.Now(), p.cpuTime()
 	for {
 		select {
 		case <-p.stop:
 			return
-		case <-t.C:
-			p.adjust(float64(p.writes.Swap(0)) / pacerTick.Seconds())
+		case now := <-t.C:
+			cpu := p.cpuTime()
+			wall := now.Sub(last).Seconds()
+			if wall <= 0 {
+				continue
+			}
+			p.adjust(float64(p.writes.Swap(0))/wall, (cpu-lastCPU).Seconds()/wall/p.cores)
+			last, lastCPU = now, cpu
 		}
 	}
 }
 
-// adjust moves the delay toward the value that would bring rate to budget.
-func (p *pacer) adjust(rate float64) {
+// adjust moves the delay given the last tick's write rate (per second) and
+// CPU use (the share of the node's cores, 0 when unknown).
+func (p *pacer) adjust(rate, cpu float64) {
 	d := p.delayNs.Load()
+	busy := rate > p.budget || cpu > p.cpuShare
+	idle := rate < p.budget/2 && cpu < p.cpuShare*0.6
 	switch {
-	case rate > p.budget && d == 0:
+	case busy && d == 0:
 		d = int64(pacerMinDelay)
-	case rate > p.budget:
-		d = int64(float64(d) * rate / p.budget)
-	case rate < p.budget/2:
+	case busy:
+		d += d / 2
+	case idle:
 		d /= 2
-	}
-	if d < int64(pacerMinDelay) && rate <= p.budget {
-		d = 0
+		if d < int64(pacerMinDelay) {
+			d = 0
+		}
 	}
 	d = min(d, p.maxDelay)
 	p.delayNs.Store(d)

@@ -71,7 +71,7 @@ func New(cfg Config) (*Server, error) {
 		reg = newRegistry()
 	}
 	s.metrics = newMetrics(reg)
-	s.pacer = newPacer(cfg.WriteBudget, cfg.MaxWriteDelay, s.stopSweep, s.metrics.writeDelay)
+	s.pacer = newPacer(cfg, s.stopSweep, s.metrics.writeDelay)
 	s.baseCtx, s.cancel = context.WithCancel(context.Background())
 
 	mux := http.NewServeMux()

@@ -81,7 +81,7 @@ var settings = []setting{
 		}},
 	{"max-batch", "SYNCGATE_MAX_BATCH", "65536", "largest batched server message in bytes",
 		intSetting(func(c *config) *int { return &c.Gateway.MaxBatchBytes })},
-	{"send-queue-messages", "SYNCGATE_SEND_QUEUE_MESSAGES", "4096", "frames queued per session before it is closed as a slow consumer (4001)",
+	{"send-queue-messages", "SYNCGATE_SEND_QUEUE_MESSAGES", "65536", "frames queued per session before it is closed as a slow consumer (4001)",
 		intSetting(func(c *config) *int { return &c.Gateway.SendQueueMessages })},
 	{"send-queue-bytes", "SYNCGATE_SEND_QUEUE_BYTES", "4194304", "bytes queued per session before it is closed as a slow consumer (4001)",
 		intSetting(func(c *config) *int { return &c.Gateway.SendQueueBytes })},
@@ -91,13 +91,22 @@ var settings = []setting{
 		durationSetting(func(c *config) *time.Duration { return &c.Gateway.PingInterval })},
 	{"pong-timeout", "SYNCGATE_PONG_TIMEOUT", "10s", "close a session whose pong is this late (4002)",
 		durationSetting(func(c *config) *time.Duration { return &c.Gateway.PongTimeout })},
-	{"write-budget", "SYNCGATE_WRITE_BUDGET", "auto", "WebSocket messages per second the node aims to stay under by batching busy sessions' frames (auto: 12500 per core)",
+	{"write-budget", "SYNCGATE_WRITE_BUDGET", "auto", "WebSocket messages per second the node aims to stay under by batching busy sessions' frames (auto: 50000 per core)",
 		func(c *config, v string) error {
 			if v == "auto" {
 				c.Gateway.WriteBudget = 0
 				return nil
 			}
 			return intSetting(func(c *config) *int { return &c.Gateway.WriteBudget })(c, v)
+		}},
+	{"pace-cpu", "SYNCGATE_PACE_CPU", "0.4", "share of the cores (0-1) above which busy sessions' frames are batched whatever the write rate",
+		func(c *config, v string) error {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || f <= 0 || f > 1 {
+				return fmt.Errorf("want a number in (0, 1], got %q", v)
+			}
+			c.Gateway.PaceCPU = f
+			return nil
 		}},
 	{"max-write-delay", "SYNCGATE_MAX_WRITE_DELAY", "50ms", "longest a busy session's frames wait to share a message when over the write budget (0s turns pacing off)",
 		func(c *config, v string) error {
