@@ -5,9 +5,9 @@
 //
 // # Sessions
 //
-// Every WebSocket connection is one session with exactly two goroutines:
-// the reader (the HTTP handler goroutine, which decodes frames and runs
-// their handlers) and the writer (which owns the connection's write side).
+// Every WebSocket connection is one session with a reader goroutine (which
+// decodes frames and runs their handlers) and, only while it has something
+// to send, one writer goroutine (which owns the connection's write side).
 // They meet at a bounded send queue. Publishers never block on a session:
 // a session whose queue overflows is closed with 4001 (slow consumer).
 //
@@ -17,7 +17,9 @@
 // built once and handed through the [fanout.Transport] to every subscribed
 // session, whose writer prepends the subscription's pre-encoded prefix. The
 // writer drains the whole queue into one WebSocket message (frames separated
-// by '\n') up to Config.MaxBatchBytes, so many frames cost one flush.
+// by '\n') up to Config.MaxBatchBytes, so many frames cost one flush. When
+// the node is busy, the pacer makes busy sessions leave a short delay
+// between writes so that more frames share each message (see pace.go).
 //
 // # Ordering
 //

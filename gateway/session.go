@@ -43,7 +43,8 @@ type session struct {
 	q         sendQueue
 	writers   sync.WaitGroup // the writer goroutine, while one runs
 	pingTimer *time.Timer
-	lastWrite int64 // owned by the running writer: Unix nanoseconds of its last message
+	lastWrite int64 // owned by the running writer: Unix nanoseconds of its last batch
+	lastGap   int64 // owned by the running writer: nanoseconds between its last two batches
 
 	// closing is set by closeWith; lastRead is when the reader last got a
 	// message (Unix nanoseconds): inbound traffic proves the peer alive.

@@ -112,7 +112,11 @@ func (s *session) writeLoop(ctx context.Context) {
 		// that frames queued meanwhile share one message (see pacer). A
 		// session whose queue is an eighth full writes at once: pacing must
 		// never be what makes a consumer slow.
-		if d := s.srv.pacer.delay(); d > 0 && !s.q.pressed(s.srv.cfg.SendQueueMessages/8, s.srv.cfg.SendQueueBytes/8) {
+		// Only a session whose last two writes were within twice the delay
+		// is held: one whose frames come further apart has nothing to
+		// batch, and waiting would only add latency.
+		if d := s.srv.pacer.delay(); d > 0 && s.lastGap < 2*int64(d) &&
+			!s.q.pressed(s.srv.cfg.SendQueueMessages/8, s.srv.cfg.SendQueueBytes/8) {
 			if left := time.Duration(s.lastWrite + int64(d) - s.srv.cfg.Now().UnixNano()); left > 0 {
 				if wait == nil {
 					wait = time.NewTimer(left)
@@ -208,7 +212,7 @@ func (s *session) writeBatch(ctx context.Context, items []outItem) error {
 	// callback registration per message, and a stale deadline would fail the
 	// pongs the reader writes.
 	now := s.srv.cfg.Now()
-	s.lastWrite = now.UnixNano()
+	s.lastGap, s.lastWrite = now.UnixNano()-s.lastWrite, now.UnixNano()
 	if err := s.netConn.SetWriteDeadline(now.Add(s.srv.cfg.WriteTimeout)); err != nil {
 		return err
 	}
