@@ -261,11 +261,17 @@ func (s *session) writeMessage(ctx context.Context, msg []byte, items []outItem)
 	m := s.srv.metrics
 	m.bytesOut.Add(float64(len(msg)))
 	m.messagesOut.Inc()
-	now := s.srv.cfg.Now().UnixNano()
+	// One observation per message, for its oldest patch: the latency of
+	// the frame that waited longest, at one histogram update per write
+	// rather than per frame.
+	oldest := int64(0)
 	for i := range items {
-		if at := items[i].at; at != 0 {
-			m.deliveryLatency.Observe(float64(now-at) / 1e9)
+		if at := items[i].at; at != 0 && (oldest == 0 || at < oldest) {
+			oldest = at
 		}
+	}
+	if oldest != 0 {
+		m.deliveryLatency.Observe(float64(s.srv.cfg.Now().UnixNano()-oldest) / 1e9)
 	}
 	return nil
 }
