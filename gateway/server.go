@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"hash/maphash"
 	"log/slog"
 	"net/http"
@@ -214,6 +213,3 @@ func newSessionID() string {
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
 	return hex.EncodeToString(b[:])
 }
-
-// errClosed reports a use after Shutdown.
-var errClosed = errors.New("gateway: server shut down")
