@@ -37,15 +37,7 @@ type fanoutResult struct {
 	Latency       latencyJSON `json:"latency_ms"`
 	LatencyMethod string      `json:"latency_method"`
 
-	SubDisconnects  int    `json:"sub_disconnects"`
-	FirstDisconnect string `json:"first_disconnect,omitempty"`
-	// Raw subscriber only (0 with -subscriber client): frames it could not
-	// scan and decoded instead, those that did not decode either, and
-	// frames other than its patches.
-	FallbackDecodes int64 `json:"fallback_decodes"`
-	Undecodable     int64 `json:"undecodable_frames,omitempty"`
-	OtherFrames     int64 `json:"other_frames"`
-
+	subsJSON
 	cpuJSON
 }
 
@@ -112,9 +104,8 @@ func benchFanout(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		Acked: lr.acked, PublishErrors: lr.pubErrors, FirstPublishError: lr.firstPubError, Unacked: lr.unacked,
 		Delivered: lr.delivered, Expected: lr.acked * int64(subs), Unparsable: lr.bad,
 		Latency: hist.snapshot().json(), LatencyMethod: histMethod,
-		SubDisconnects: lr.disconnects, FirstDisconnect: lr.firstDisconnect,
-		FallbackDecodes: lr.fallback, Undecodable: lr.undecodable, OtherFrames: lr.other,
-		cpuJSON: cpu,
+		subsJSON: lr.subsJSON(),
+		cpuJSON:  cpu,
 	}
 	if run.err != nil {
 		r.PublisherError = run.err.Error()
@@ -142,11 +133,6 @@ func benchFanout(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		r.Delivered, r.Expected, r.DeliveryRatio, r.Lost, r.DeliveredPerS, r.DrainS)
 	fmt.Fprintf(stdout, "  latency    %s (%d samples)\n", r.Latency, r.Latency.Count)
 	fmt.Fprintf(stdout, "  %s\n", r.cpuJSON)
-	fmt.Fprintf(stdout, "  subs       %d disconnected", r.SubDisconnects)
-	if r.FirstDisconnect != "" {
-		fmt.Fprintf(stdout, "; first: %s", r.FirstDisconnect)
-	}
-	fmt.Fprintln(stdout)
-	printRawCounts(stdout, r.Subscriber, r.FallbackDecodes, r.Undecodable, r.OtherFrames)
+	r.subsJSON.print(stdout, r.Subscriber)
 	return writeJSON(stdout, r)
 }

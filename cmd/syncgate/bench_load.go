@@ -549,3 +549,32 @@ func (j cpuJSON) String() string {
 	}
 	return s
 }
+
+// subsJSON is what fanout and topics report about their subscribers.
+type subsJSON struct {
+	SubDisconnects  int    `json:"sub_disconnects"`
+	FirstDisconnect string `json:"first_disconnect,omitempty"`
+	// Raw subscriber only (0 with -subscriber client): frames it could not
+	// scan and decoded instead, those that did not decode either, and
+	// frames other than its patches.
+	FallbackDecodes int64 `json:"fallback_decodes"`
+	Undecodable     int64 `json:"undecodable_frames,omitempty"`
+	OtherFrames     int64 `json:"other_frames"`
+}
+
+func (r loadResult) subsJSON() subsJSON {
+	return subsJSON{
+		SubDisconnects: r.disconnects, FirstDisconnect: r.firstDisconnect,
+		FallbackDecodes: r.fallback, Undecodable: r.undecodable, OtherFrames: r.other,
+	}
+}
+
+// print writes the summary's subscriber lines.
+func (j subsJSON) print(w io.Writer, mode string) {
+	fmt.Fprintf(w, "  subs       %d disconnected", j.SubDisconnects)
+	if j.FirstDisconnect != "" {
+		fmt.Fprintf(w, "; first: %s", j.FirstDisconnect)
+	}
+	fmt.Fprintln(w)
+	printRawCounts(w, mode, j.FallbackDecodes, j.Undecodable, j.OtherFrames)
+}
