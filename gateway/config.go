@@ -91,6 +91,11 @@ type Config struct {
 	// remembers for retries. Zero means 256.
 	ProducerWindow int
 
+	// MaxProducers caps the client-named producer records the node keeps;
+	// when full, records with no session are forgotten early. Zero means
+	// 100000.
+	MaxProducers int
+
 	// ProducerIdle is how long an unused producer record (one named by
 	// hello.clientId) is kept after its last session ends. Zero means 24h.
 	ProducerIdle time.Duration
@@ -120,6 +125,7 @@ func (c Config) withDefaults() (Config, error) {
 	setDefault(&c.MaxWriteDelay, 50*time.Millisecond)
 	setDefault(&c.ProducerWindow, 256)
 	setDefault(&c.ProducerIdle, 24*time.Hour)
+	setDefault(&c.MaxProducers, 100000)
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -127,10 +133,12 @@ func (c Config) withDefaults() (Config, error) {
 	switch {
 	case c.HelloTimeout < 0, c.MaxFrameBytes < 0, c.MaxBatchBytes < 0, c.SendQueueMessages < 0,
 		c.SendQueueBytes < 0, c.WriteTimeout < 0, c.WriteBudget < 0, c.PingInterval < 0, c.PongTimeout < 0,
-		c.MaxSubscriptions < 0, c.ProducerWindow < 0, c.ProducerIdle < 0, c.PaceCPU < 0 || c.PaceCPU > 1:
+		c.MaxSubscriptions < 0, c.ProducerWindow < 0, c.ProducerIdle < 0, c.MaxProducers < 0, c.PaceCPU < 0 || c.PaceCPU > 1:
 		return c, fmt.Errorf("gateway: negative limit in config")
-	case int64(c.SendQueueBytes) < c.MaxFrameBytes:
-		return c, fmt.Errorf("gateway: SendQueueBytes (%d) must be at least MaxFrameBytes (%d)", c.SendQueueBytes, c.MaxFrameBytes)
+	case int64(c.SendQueueBytes) < 2*c.MaxFrameBytes:
+		// A patch carries a client's message plus its row and frame
+		// wrapping, so one queue must hold more than one client message.
+		return c, fmt.Errorf("gateway: SendQueueBytes (%d) must be at least twice MaxFrameBytes (%d)", c.SendQueueBytes, c.MaxFrameBytes)
 	}
 	return c, nil
 }

@@ -3,6 +3,7 @@ package gateway
 import (
 	"net"
 	"sync"
+	"time"
 )
 
 // writeBufferSize is the size of the bufio.Writer coder/websocket writes
@@ -86,4 +87,23 @@ func (c *corkConn) uncork() error {
 		c.small = nil
 	}
 	return err
+}
+
+// Close sends what is still collected (a close frame coder/websocket echoed
+// while the writer held the cork, say) before it closes the connection. The
+// flush is best effort and bounded: skipped if the writer is writing right
+// now (closing the socket is what unblocks it), and given one second.
+func (c *corkConn) Close() error {
+	if c.mu.TryLock() {
+		if len(c.parts) > 0 {
+			_ = c.Conn.SetWriteDeadline(time.Now().Add(time.Second))
+			bufs := c.parts
+			_, _ = bufs.WriteTo(c.Conn)
+			clear(c.parts)
+			c.parts = c.parts[:0]
+		}
+		c.corked = false
+		c.mu.Unlock()
+	}
+	return c.Conn.Close()
 }

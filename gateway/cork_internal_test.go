@@ -97,3 +97,26 @@ func TestCorkConn_WebSocketMessages(t *testing.T) {
 		}
 	}
 }
+
+// TestCorkConn_CloseFlushes: what was collected while corked still leaves
+// when the connection is closed before the writer uncorks.
+func TestCorkConn_CloseFlushes(t *testing.T) {
+	a, b := net.Pipe()
+	defer b.Close()
+	cc := &corkConn{Conn: a}
+	got := make(chan []byte, 1)
+	go func() {
+		buf, _ := io.ReadAll(b)
+		got <- buf
+	}()
+	cc.cork()
+	if _, err := cc.Write([]byte("close frame")); err != nil {
+		t.Fatal(err)
+	}
+	if err := cc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if g := <-got; string(g) != "close frame" {
+		t.Fatalf("got %q", g)
+	}
+}

@@ -28,6 +28,10 @@ func (s *session) handleLine(ctx context.Context, line []byte) {
 	if i := frameIndex(f.FrameType()); i >= 0 {
 		s.srv.metrics.framesIn[i].Inc()
 	}
+	if e := checkLengths(f); e != nil {
+		s.sendError(e)
+		return
+	}
 	if _, ok := f.(*frames.Hello); !ok && !s.helloDone.Load() {
 		s.sendError(frames.NewError(frames.CodeHelloRequired, refOf(f), "a "+string(f.FrameType())+" frame arrived before hello",
 			"send hello as the first frame of every connection"))
@@ -47,6 +51,35 @@ func (s *session) handleLine(ctx context.Context, line []byte) {
 		s.sendError(frames.NewError(frames.CodeUnexpectedFrame, "", "a client sent a "+string(f.FrameType())+" frame, which only the server sends",
 			"clients send hello, subscribe, mutate and presence"))
 	}
+}
+
+// maxIDLen bounds the client-chosen identifiers the server keeps: a
+// subscription's sid and a mutate's key and name (the producer remembers
+// recent keys, so their size is memory a client could otherwise pin).
+const maxIDLen = 256
+
+// checkLengths refuses identifiers over maxIDLen.
+func checkLengths(f frames.Frame) *frames.Error {
+	var field string
+	var n int
+	switch f := f.(type) {
+	case *frames.Subscribe:
+		field, n = "subscribe.sid", len(f.SID)
+	case *frames.Mutate:
+		field, n = "mutate.key", len(f.Key)
+		if len(f.Name) > n {
+			field, n = "mutate.name", len(f.Name)
+		}
+	}
+	if n <= maxIDLen {
+		return nil
+	}
+	ref := refOf(f)
+	if len(ref) > maxIDLen {
+		ref = "" // not a ref the client can match, and not one to echo
+	}
+	return frames.NewError(frames.CodeBadField, ref, fmt.Sprintf("%s: %d bytes, over the limit of %d", field, n, maxIDLen),
+		"use identifiers of at most 256 bytes, e.g. a UUID or a counter")
 }
 
 // refOf is the ack ref for a decoded frame (see frames.Ack).
@@ -91,12 +124,7 @@ func (s *session) handleFrameHello(f *frames.Hello) {
 }
 
 func (s *session) handleFrameSubscribe(ctx context.Context, f *frames.Subscribe) {
-	if f.Target.Kind != frames.TargetTopic {
-		s.sendError(frames.NewError(frames.CodeUnsupported, f.SID, "subscribe.target.kind: query subscriptions are not available on this server yet",
-			`subscribe to a topic: target {"kind":"topic","topic":"…","cursor":null}`))
-		return
-	}
-	if f.Op == frames.OpDrop {
+	if f.Op == frames.OpDrop { // a drop is by sid alone, whatever its target
 		sub, ok := s.subs[f.SID]
 		if !ok {
 			s.sendError(frames.NewError(frames.CodeNotSubscribed, f.SID, "subscribe.sid: no active subscription "+quote(f.SID),
@@ -108,6 +136,11 @@ func (s *session) handleFrameSubscribe(ctx context.Context, f *frames.Subscribe)
 			s.log().Warn("unsubscribe failed", "topic", sub.topic, "err", err)
 		}
 		s.sendAck(f.SID, nil)
+		return
+	}
+	if f.Target.Kind != frames.TargetTopic {
+		s.sendError(frames.NewError(frames.CodeUnsupported, f.SID, "subscribe.target.kind: query subscriptions are not available on this server yet",
+			`subscribe to a topic: target {"kind":"topic","topic":"…","cursor":null}`))
 		return
 	}
 	if err := validTopic(f.Target.Topic); err != nil {

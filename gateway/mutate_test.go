@@ -1,8 +1,13 @@
 package gateway_test
 
 import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
 	"testing"
 
+	"github.com/syncgate/syncgate/fanout"
 	"github.com/syncgate/syncgate/frames"
 	"github.com/syncgate/syncgate/gateway"
 	"github.com/syncgate/syncgate/internal/gwtest"
@@ -155,5 +160,78 @@ func TestGateway_SidInUseAndSubscriptionLimit(t *testing.T) {
 	c.Subscribe("b", "t2")
 	if ack := add("c", "t3"); ack.Error == nil || ack.Error.Code != frames.CodeTooManySubs {
 		t.Fatalf("limit: %+v", ack)
+	}
+}
+
+// failingTransport is a real Hub whose Publish fails while fail is set: a
+// fault the in-process hub cannot otherwise produce (a NATS transport
+// will, when its connection drops).
+type failingTransport struct {
+	*fanout.Hub
+	fail atomic.Bool
+}
+
+func (f *failingTransport) Publish(ctx context.Context, topic string, data []byte) error {
+	if f.fail.Load() {
+		return errors.New("injected publish failure")
+	}
+	return f.Hub.Publish(ctx, topic, data)
+}
+
+// TestGateway_InternalErrorIsNotRecorded: a mutate that failed because the
+// server did (X_INTERNAL) runs again when retried with the same seq.
+func TestGateway_InternalErrorIsNotRecorded(t *testing.T) {
+	t.Parallel()
+	hub := fanout.NewHub(fanout.HubConfig{})
+	t.Cleanup(func() { _ = hub.Close() })
+	tr := &failingTransport{Hub: hub}
+	srv := newTestServer(t, gateway.Config{Transport: tr})
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0)
+	tr.fail.Store(true)
+	if r := c.Publish("k", 0, "t", `1`); r.Error == nil || r.Error.Code != frames.CodeInternal {
+		t.Fatalf("failing publish: %+v", r)
+	}
+	tr.fail.Store(false)
+	if r := c.Publish("k", 0, "t", `1`); r.Error != nil || r.LSN == nil {
+		t.Fatalf("retry after the failure: %+v %+v", r, r.Error)
+	}
+}
+
+func TestGateway_IdentifierLengthLimits(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{})
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0)
+	ok, long := strings.Repeat("s", 256), strings.Repeat("s", 257)
+	c.Subscribe(ok, "t")
+	c.Send(&frames.Subscribe{Op: frames.OpAdd, SID: long, Target: frames.Target{Kind: frames.TargetTopic, Topic: "t"}})
+	if ack := gwtest.Expect[*frames.Ack](c); ack.Error == nil || ack.Error.Code != frames.CodeBadField || ack.Ref != "" {
+		t.Fatalf("257-byte sid: %+v", ack)
+	}
+	if r := c.Publish(ok, 0, "t", `1`); r.Error != nil {
+		t.Fatalf("256-byte key: %+v", r.Error)
+	}
+	gwtest.Expect[*frames.Patch](c)
+	c.Send(&frames.Mutate{Key: long, Seq: 1, Name: "publish", Input: []byte(`{"topic":"t","data":1}`)})
+	if ack := gwtest.Expect[*frames.Ack](c); ack.Error == nil || ack.Error.Code != frames.CodeBadField {
+		t.Fatalf("257-byte key: %+v", ack)
+	}
+	c.Send(&frames.Mutate{Key: "k", Seq: 1, Name: long, Input: []byte(`{}`)})
+	if ack := gwtest.Expect[*frames.Ack](c); ack.Error == nil || ack.Error.Code != frames.CodeBadField || ack.Ref != "k" {
+		t.Fatalf("257-byte name: %+v", ack)
+	}
+}
+
+// TestGateway_DropByQueryTarget: a drop is by sid whatever the target says.
+func TestGateway_DropByQueryTarget(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{})
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0)
+	c.Subscribe("a", "t")
+	c.Send(&frames.Subscribe{Op: frames.OpDrop, SID: "a", Target: frames.Target{Kind: frames.TargetQuery, QID: "q", Input: []byte(`{}`)}})
+	if ack := gwtest.Expect[*frames.Ack](c); ack.Ref != "a" || ack.Error != nil {
+		t.Fatalf("drop ack %+v", ack)
 	}
 }

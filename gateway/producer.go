@@ -79,6 +79,12 @@ func (p *producer) run(epoch int64, f *frames.Mutate, reply func(outcome), exec 
 	} else {
 		o = exec()
 	}
+	if o.err != nil && o.err.Code == frames.CodeInternal {
+		// The server failed, not the mutation: nothing is recorded, so a
+		// retry of the same seq runs it again.
+		reply(o)
+		return
+	}
 	o.seq = f.Seq
 	p.recordLocked(o)
 	p.next++
@@ -109,10 +115,13 @@ func (p *producer) recordLocked(o outcome) {
 	p.keys[o.key] = o.seq
 }
 
-// producers is the node's table of client-named producers.
+// producers is the node's table of client-named producers. It holds at
+// most max entries with no session; beyond that, idle ones are forgotten
+// early (their clients' retries then get X_SEQ_FORGOTTEN or run again).
 type producers struct {
 	window int
 	idle   time.Duration
+	max    int
 
 	mu sync.Mutex
 	m  map[string]*producer // guarded by mu
@@ -124,6 +133,9 @@ func (t *producers) acquire(clientID string, epoch int64) *producer {
 	t.mu.Lock()
 	p, ok := t.m[clientID]
 	if !ok {
+		if len(t.m) >= t.max {
+			t.dropIdleLocked() // full: forget every producer with no session now
+		}
 		p = newProducer(epoch, t.window)
 		p.clientID = clientID
 		t.m[clientID] = p
@@ -163,4 +175,13 @@ func (t *producers) sweep(now time.Time) int {
 		}
 	}
 	return n
+}
+
+// dropIdleLocked forgets every producer no session is using.
+func (t *producers) dropIdleLocked() {
+	for id, p := range t.m {
+		if p.sessions == 0 {
+			delete(t.m, id)
+		}
+	}
 }

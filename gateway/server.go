@@ -57,7 +57,7 @@ func New(cfg Config) (*Server, error) {
 		log:       cfg.Logger,
 		transport: cfg.Transport,
 		seq:       &sequencer{seed: maphash.MakeSeed(), hi: uint64(cfg.Now().UnixMilli())},
-		producers: &producers{window: cfg.ProducerWindow, idle: cfg.ProducerIdle, m: map[string]*producer{}},
+		producers: &producers{window: cfg.ProducerWindow, idle: cfg.ProducerIdle, max: cfg.MaxProducers, m: map[string]*producer{}},
 		sessions:  map[*session]struct{}{},
 		stopSweep: make(chan struct{}),
 	}
@@ -166,10 +166,15 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if !s.draining.Swap(true) {
 		close(s.stopSweep)
 	}
+	sessions := make([]*session, 0, len(s.sessions))
 	for sess := range s.sessions {
-		sess.closeWith(reasonShutdown)
+		sessions = append(sessions, sess)
 	}
 	s.mu.Unlock()
+	// No session joins after draining is set; act on them outside s.mu.
+	for _, sess := range sessions {
+		sess.closeWith(reasonShutdown)
+	}
 
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()
@@ -178,11 +183,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-done:
 	case <-ctx.Done():
 		err = ctx.Err()
-		s.mu.Lock()
-		for sess := range s.sessions {
+		for _, sess := range sessions {
 			_ = sess.conn.CloseNow()
 		}
-		s.mu.Unlock()
 		<-done
 	}
 	s.cancel()

@@ -149,9 +149,15 @@ func (s *session) readLoop() error {
 		} else {
 			// Decoded frames do not point into msg, so the buffer is
 			// reused for the next message.
+			// A closing session handles nothing more: its acks could no
+			// longer be sent, and a client retrying elsewhere must not
+			// find its mutate already done here.
 			frames.Split(msg, func(line []byte) bool {
+				if s.closing.Load() {
+					return false
+				}
 				s.handleLine(s.ctx, line)
-				return !s.closing.Load()
+				return true
 			})
 		}
 		if cap(msg) <= 64<<10 {

@@ -117,7 +117,9 @@ func (s *session) writeLoop(ctx context.Context) {
 		// batch, and waiting would only add latency.
 		if d := s.srv.pacer.delay(); d > 0 && s.lastGap < 2*int64(d) &&
 			!s.q.pressed(s.srv.cfg.SendQueueMessages/8, s.srv.cfg.SendQueueBytes/8) {
-			if left := time.Duration(s.lastWrite + int64(d) - s.srv.cfg.Now().UnixNano()); left > 0 {
+			// min(…, d): a wall clock stepped backwards must not stretch
+			// the wait beyond the delay.
+			if left := min(time.Duration(s.lastWrite+int64(d)-s.srv.cfg.Now().UnixNano()), d); left > 0 {
 				if wait == nil {
 					wait = time.NewTimer(left)
 				} else {
@@ -135,8 +137,11 @@ func (s *session) writeLoop(ctx context.Context) {
 			return
 		}
 		if err := s.writeBatch(context.Background(), items); err != nil {
+			// The stream may hold part of a frame: nothing more is
+			// written, not even a ping; the next round closes.
 			s.log().Debug("write failed", "err", err)
 			s.closeWith(reasonWriteError)
+			continue
 		}
 		if ping {
 			if err := s.ping(ctx); err != nil {
@@ -239,7 +244,11 @@ func (s *session) writeBatch(ctx context.Context, items []outItem) error {
 		counts[it.kind]++
 	}
 	err := s.writeMessage(ctx, buf, items[start:])
-	*bp = buf[:0]
+	if cap(buf) <= 2*s.srv.cfg.MaxBatchBytes {
+		*bp = buf[:0] // a buffer grown by one huge frame is left to the GC
+	} else {
+		*bp = make([]byte, 0, 16<<10)
+	}
 	for k, n := range counts {
 		if n > 0 {
 			m.framesOut[k].Add(float64(n))

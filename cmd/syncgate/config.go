@@ -273,8 +273,8 @@ func (c *config) validate() error {
 	if c.Addr == "" {
 		return errors.New("addr (SYNCGATE_ADDR) must not be empty")
 	}
-	if int64(c.Gateway.SendQueueBytes) < c.Gateway.MaxFrameBytes {
-		return fmt.Errorf("send-queue-bytes (SYNCGATE_SEND_QUEUE_BYTES=%d) must be at least max-frame (SYNCGATE_MAX_FRAME=%d)",
+	if int64(c.Gateway.SendQueueBytes) < 2*c.Gateway.MaxFrameBytes {
+		return fmt.Errorf("send-queue-bytes (SYNCGATE_SEND_QUEUE_BYTES=%d) must be at least twice max-frame (SYNCGATE_MAX_FRAME=%d)",
 			c.Gateway.SendQueueBytes, c.Gateway.MaxFrameBytes)
 	}
 	return nil

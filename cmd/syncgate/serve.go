@@ -58,13 +58,21 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	log.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
-	gerr := gw.Shutdown(sctx)
-	herr := hs.Shutdown(sctx)
+	if err := gw.Shutdown(sctx); err != nil {
+		// Sessions still open at the deadline (a dead peer, a stuck TCP
+		// write) were cut without a close handshake: expected on a bad
+		// network, not a failed stop.
+		log.Warn("sessions cut at the shutdown timeout", "err", err)
+	}
+	// The plain HTTP requests get their own short budget: the sessions'
+	// may have used up sctx.
+	hctx, hcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer hcancel()
+	if err := hs.Shutdown(hctx); err != nil {
+		log.Warn("http requests cut at shutdown", "err", err)
+	}
 	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("http server: %w", err)
-	}
-	if err := errors.Join(gerr, herr); err != nil {
-		return fmt.Errorf("shutdown: %w", err)
 	}
 	log.Info("stopped")
 	return nil
