@@ -36,6 +36,9 @@ go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 step "go test -race"
 go test -race -count=1 -timeout 12m ./...
 
+step "README browser snippet"
+./scripts/readme-snippet.sh
+
 step "fuzz (${FUZZTIME} each)"
 # go test -fuzz takes one target in one package at a time.
 for pkg in $(go list ./...); do
