@@ -17,13 +17,34 @@ const writeBufferSize = 256
 // collected and leave in one writev when it uncorks: one syscall per
 // message whatever its size, with a small write buffer. Uncorked (control
 // frames written by the reader, close frames), writes pass straight through.
+//
+// It also keeps a write deadline on the socket: every write that reaches
+// the socket first makes sure the deadline is at least three quarters of
+// timeout away, re-arming it to a full timeout when not. One SetWriteDeadline
+// per few seconds instead of two per message, and no stale deadline can fail
+// a pong written after a quiet spell.
 type corkConn struct {
 	net.Conn
+	timeout time.Duration // set before the first write; 0 means no deadline
 
-	mu     sync.Mutex
-	corked bool        // guarded by mu
-	small  []byte      // guarded by mu: copies of short writes, pooled while corked
-	parts  net.Buffers // guarded by mu: pending writes in order
+	mu       sync.Mutex
+	corked   bool        // guarded by mu
+	small    []byte      // guarded by mu: copies of short writes, pooled while corked
+	parts    net.Buffers // guarded by mu: pending writes in order
+	deadline time.Time   // guarded by mu: the write deadline last set
+}
+
+// armLocked keeps the write deadline far enough ahead of now.
+func (c *corkConn) armLocked() error {
+	if c.timeout <= 0 {
+		return nil
+	}
+	now := time.Now()
+	if c.deadline.Sub(now) >= c.timeout*3/4 {
+		return nil
+	}
+	c.deadline = now.Add(c.timeout)
+	return c.Conn.SetWriteDeadline(c.deadline)
 }
 
 var corkBufPool = sync.Pool{New: func() any { b := make([]byte, 0, 2*writeBufferSize); return &b }}
@@ -34,11 +55,13 @@ var corkBufPool = sync.Pool{New: func() any { b := make([]byte, 0, 2*writeBuffer
 // shorter one may be bufio's buffer, reused on return, so it is copied.
 func (c *corkConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if !c.corked {
-		c.mu.Unlock()
+		if err := c.armLocked(); err != nil {
+			return 0, err
+		}
 		return c.Conn.Write(p)
 	}
-	defer c.mu.Unlock()
 	if len(p) > writeBufferSize {
 		c.parts = append(c.parts, p)
 		return len(p), nil
@@ -71,8 +94,10 @@ func (c *corkConn) uncork() error {
 	c.corked = false
 	var err error
 	if len(c.parts) > 0 {
-		bufs := c.parts // WriteTo consumes the slice header
-		_, err = bufs.WriteTo(c.Conn)
+		if err = c.armLocked(); err == nil {
+			bufs := c.parts // WriteTo consumes the slice header
+			_, err = bufs.WriteTo(c.Conn)
+		}
 	}
 	clear(c.parts)
 	c.parts = c.parts[:0]

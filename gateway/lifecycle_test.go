@@ -167,3 +167,31 @@ func TestGateway_PingTimeoutCloses4002(t *testing.T) {
 		t.Fatalf("live session: want only a read timeout (still open), got %v", err)
 	}
 }
+
+// TestGateway_PongAfterQuietSpell: the server's write deadline never goes
+// stale: after a quiet spell far longer than WriteTimeout, the pong it
+// writes for a client's ping (and then a frame) still goes out.
+func TestGateway_PongAfterQuietSpell(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{WriteTimeout: 20 * time.Millisecond})
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0)
+	quiet := time.NewTimer(200 * time.Millisecond)
+	<-quiet.C // the quiet spell itself is what is tested, not a synchronisation
+	read := make(chan error, 1)
+	go func() {
+		_, err := c.NextErr(gwtest.Timeout) // keeps a read pending so the pong is seen
+		read <- err
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), gwtest.Timeout)
+	defer cancel()
+	if err := c.C.Ping(ctx); err != nil {
+		t.Fatalf("ping after a quiet spell: %v", err)
+	}
+	if err := c.C.Write(ctx, websocket.MessageText, []byte(`nonsense`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-read; err != nil {
+		t.Fatalf("frame after a quiet spell: %v", err)
+	}
+}

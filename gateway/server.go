@@ -117,6 +117,7 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	conn.SetReadLimit(s.cfg.MaxFrameBytes)
+	netConn.timeout = s.cfg.WriteTimeout // before the session writes anything
 	sess := newSession(s.baseCtx, s, conn, netConn, newSessionID(), r.RemoteAddr)
 	if !s.register(sess) {
 		_ = conn.Close(websocket.StatusGoingAway, closeReasons[reasonShutdown].text)

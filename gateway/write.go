@@ -212,16 +212,11 @@ func (s *session) writeBatch(ctx context.Context, items []outItem) error {
 	if len(items) == 0 {
 		return nil
 	}
-	// The deadline goes on the raw connection, once per batch, and is
-	// cleared after it: a cancellable ctx would cost coder/websocket a
-	// callback registration per message, and a stale deadline would fail the
-	// pongs the reader writes.
+	// Write deadlines are kept by corkConn on the raw connection (a
+	// cancellable ctx would cost coder/websocket a callback registration per
+	// message).
 	now := s.srv.cfg.Now()
 	s.lastGap, s.lastWrite = now.UnixNano()-s.lastWrite, now.UnixNano()
-	if err := s.netConn.SetWriteDeadline(now.Add(s.srv.cfg.WriteTimeout)); err != nil {
-		return err
-	}
-	defer s.netConn.SetWriteDeadline(time.Time{})
 	m := s.srv.metrics
 	bp := writeBufPool.Get().(*[]byte)
 	defer writeBufPool.Put(bp)
