@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -156,7 +157,11 @@ func (s *session) readLoop() error {
 				if s.closing.Load() {
 					return false
 				}
-				s.handleLine(s.ctx, line)
+				if looksLikeMutate(line) {
+					s.handleLine(s.ctx, line) // the frequent kind: no detour
+				} else {
+					s.onOwnStack(func() { s.handleLine(s.ctx, line) })
+				}
 				return true
 			})
 		}
@@ -186,6 +191,30 @@ func readMessage(r io.Reader, buf []byte) ([]byte, error) {
 			return buf, err
 		}
 	}
+}
+
+// looksLikeMutate guesses from a frame's first bytes whether it is a
+// mutate. It only picks where the frame is handled (see onOwnStack), never
+// how, so a wrong guess costs a little time or memory, nothing else.
+func looksLikeMutate(line []byte) bool {
+	return bytes.Contains(line[:min(len(line), 40)], []byte(`"type":"mutate"`))
+}
+
+// onOwnStack runs fn on a goroutine of its own and waits for it. The
+// reader goroutine lives as long as the session, and a Go stack shrinks
+// only to a size at least four times its deepest parked point: decoding and
+// answering frames (encoding/json reflection for hello and snapshot, the
+// strict decoder) is deep enough to grow the reader's stack from 4 KiB to
+// 8 KiB for the rest of an idle session's life. Run on a short-lived
+// goroutine, it leaves the reader at 4 KiB. Mutates, the frequent kind,
+// stay on the reader: a publishing session is not an idle one.
+func (s *session) onOwnStack(fn func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn()
+	}()
+	<-done
 }
 
 // closeWith ends the session for reason r; the first reason wins. It never
