@@ -111,6 +111,26 @@ func AppendPatchBody(dst []byte, patches []PatchOp, lsn string) ([]byte, error) 
 	return append(dst, '}'), nil
 }
 
+// AppendInsertBody appends the body of a patch carrying one insert op at
+// offset lsn, the form a topic message takes: the same bytes as
+// AppendPatchBody(dst, []PatchOp{{Op: PatchInsert, ID: lsn, Row: row,
+// LSN: lsn}}, lsn), where row is what appendRow appends. Unlike
+// AppendPatchBody it does not check the row, so appendRow must append one
+// valid, compact JSON object built from parts the caller has already
+// validated (a decoded frame's RawMessage fields are). It is the broadcast
+// hot path: once per publish, without a validating pass or a copy.
+func AppendInsertBody(dst []byte, lsn string, appendRow func(dst []byte) []byte) []byte {
+	dst = append(dst, `,"patches":[{"op":"insert","id":`...)
+	dst = appendString(dst, lsn)
+	dst = append(dst, `,"row":`...)
+	dst = appendRow(dst)
+	dst = append(dst, `,"lsn":`...)
+	dst = appendString(dst, lsn)
+	dst = append(dst, `}],"lsn":`...)
+	dst = appendString(dst, lsn)
+	return append(dst, '}')
+}
+
 func appendAck(dst []byte, a *Ack) []byte {
 	dst = append(dst, `{"type":"ack","v":1,"ref":`...)
 	dst = appendString(dst, a.Ref)

@@ -58,3 +58,17 @@ func TestDecode_DoesNotAliasInput(t *testing.T) {
 		}
 	}
 }
+
+func TestAppendInsertBody_MatchesAppendPatchBody(t *testing.T) {
+	t.Parallel()
+	lsn := FormatOffset(17, 42)
+	row := []byte(`{"id":"` + lsn + `","data":{"a":[1,"x\u2028"]},"actorId":null,"at":5}`)
+	want, err := AppendPatchBody([]byte("pre"), []PatchOp{{Op: PatchInsert, ID: lsn, Row: row, LSN: lsn}}, lsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := AppendInsertBody([]byte("pre"), lsn, func(dst []byte) []byte { return append(dst, row...) })
+	if string(got) != string(want) {
+		t.Fatalf("got  %s\nwant %s", got, want)
+	}
+}

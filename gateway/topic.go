@@ -75,13 +75,12 @@ func (srv *Server) publish(ctx context.Context, topic string, actorID *string, d
 	mu.Lock()
 	defer mu.Unlock()
 	lsn := frames.FormatOffset(srv.seq.hi, srv.seq.lo.Add(1))
-	row := appendRow(make([]byte, 0, len(data)+96), lsn, data, actorID, srv.cfg.Now().UnixMilli())
-	body, err := frames.AppendPatchBody(make([]byte, 0, len(row)+len(lsn)*2+64), []frames.PatchOp{{
-		Op: frames.PatchInsert, ID: lsn, Row: row, LSN: lsn,
-	}}, lsn)
-	if err != nil {
-		return "", err
-	}
+	at := srv.cfg.Now().UnixMilli()
+	// data is a decoded frame's RawMessage (valid, compact JSON), so the
+	// row needs no second validation.
+	body := frames.AppendInsertBody(make([]byte, 0, len(data)+4*len(lsn)+128), lsn, func(dst []byte) []byte {
+		return appendRow(dst, lsn, data, actorID, at)
+	})
 	if err := srv.transport.Publish(ctx, topic, body); err != nil {
 		return "", err
 	}
