@@ -109,12 +109,11 @@ func (s *session) writeLoop(ctx context.Context) {
 	}()
 	for {
 		// Pacing: under load, a session writes at most once per delay so
-		// that frames queued meanwhile share one message (see pacer). A
-		// session whose queue is an eighth full writes at once: pacing must
+		// that frames queued meanwhile share one message (see pacer). Only
+		// a session whose last two writes were within twice the delay is
+		// held (one whose frames come further apart has nothing to batch),
+		// and one whose queue is an eighth full writes at once: pacing must
 		// never be what makes a consumer slow.
-		// Only a session whose last two writes were within twice the delay
-		// is held: one whose frames come further apart has nothing to
-		// batch, and waiting would only add latency.
 		if d := s.srv.pacer.delay(); d > 0 && s.lastGap < 2*int64(d) &&
 			!s.q.pressed(s.srv.cfg.SendQueueMessages/8, s.srv.cfg.SendQueueBytes/8) {
 			// min(…, d): a wall clock stepped backwards must not stretch
