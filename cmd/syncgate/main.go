@@ -5,7 +5,7 @@
 //	syncgate bench ...         load-test a running gateway
 //
 // Every setting is a flag, an environment variable and a key of the optional
-// YAML config file; see `syncgate -h` and docs/config in the README.
+// YAML config file; see `syncgate -h` and the README's Configuration section.
 package main
 
 import (
