@@ -102,6 +102,22 @@ type Config struct {
 
 	// Now is the clock. Nil means time.Now.
 	Now func() time.Time
+
+	// Log is the durable stream log. Nil means no /v1/stream/ API and no
+	// persisted topics.
+	Log StreamLog
+
+	// Persist lists topic-name patterns (path.Match syntax, e.g. "chat:*")
+	// whose topics are persisted in Log. Empty by default. Requires Log.
+	Persist []string
+
+	// LongPollTimeout bounds a Durable Streams long-poll read that finds no
+	// data. Zero means 30s.
+	LongPollTimeout time.Duration
+
+	// MaxAppendBytes bounds one Durable Streams append body (HTTP 413 above
+	// it). Zero means 8 MiB.
+	MaxAppendBytes int64
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -126,15 +142,20 @@ func (c Config) withDefaults() (Config, error) {
 	setDefault(&c.ProducerWindow, 256)
 	setDefault(&c.ProducerIdle, 24*time.Hour)
 	setDefault(&c.MaxProducers, 100000)
+	setDefault(&c.LongPollTimeout, 30*time.Second)
+	setDefault(&c.MaxAppendBytes, 8<<20)
 	if c.Now == nil {
 		c.Now = time.Now
 	}
 	c.AllowedOrigins = append([]string(nil), c.AllowedOrigins...)
+	c.Persist = append([]string(nil), c.Persist...)
 	switch {
 	case c.HelloTimeout < 0, c.MaxFrameBytes < 0, c.MaxBatchBytes < 0, c.SendQueueMessages < 0,
 		c.SendQueueBytes < 0, c.WriteTimeout < 0, c.WriteBudget < 0, c.PingInterval < 0, c.PongTimeout < 0,
-		c.MaxSubscriptions < 0, c.ProducerWindow < 0, c.ProducerIdle < 0, c.MaxProducers < 0, c.PaceCPU < 0 || c.PaceCPU > 1:
+		c.MaxSubscriptions < 0, c.ProducerWindow < 0, c.ProducerIdle < 0, c.MaxProducers < 0, c.LongPollTimeout < 0, c.MaxAppendBytes < 0, c.PaceCPU < 0 || c.PaceCPU > 1:
 		return c, fmt.Errorf("gateway: negative limit in config")
+	case len(c.Persist) > 0 && c.Log == nil:
+		return c, fmt.Errorf("gateway: Persist needs a Log")
 	case int64(c.SendQueueBytes) < 2*c.MaxFrameBytes:
 		// A patch carries a client's message plus its row and frame
 		// wrapping, so one queue must hold more than one client message.

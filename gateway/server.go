@@ -80,6 +80,9 @@ func New(cfg Config) (*Server, error) {
 	})
 	mux.HandleFunc("GET /readyz", s.serveReady)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	if cfg.Log != nil {
+		mux.Handle("/v1/stream/", s.streamHandler())
+	}
 	s.handler = mux
 
 	s.wg.Go(s.sweepLoop)

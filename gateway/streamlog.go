@@ -1,0 +1,20 @@
+package gateway
+
+import (
+	"context"
+
+	"github.com/syncgate/syncgate/storage"
+)
+
+// StreamLog is the durable log the gateway serves over HTTP (the Durable
+// Streams API at /v1/stream/) and behind persisted topics. *storage.DB
+// implements it; a JetStream backend will too. Methods may be called
+// concurrently. See package storage for the semantics of each call.
+type StreamLog interface {
+	Create(ctx context.Context, name string, o storage.CreateOptions) (info storage.Info, created bool, err error)
+	Head(ctx context.Context, name string) (storage.Info, error)
+	Delete(ctx context.Context, name string) error
+	Append(ctx context.Context, name string, req storage.AppendRequest) (storage.AppendResult, error)
+	Read(ctx context.Context, name, after string, maxBytes int) (storage.ReadResult, error)
+	Wait(ctx context.Context, name, after string) error
+}
