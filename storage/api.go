@@ -200,14 +200,14 @@ type ReadResult struct {
 // Errors. Every error a DB method returns wraps one of these sentinels
 // (test with errors.Is) or is a [*ProducerError] or [*ClosedError].
 var (
-	ErrNotFound    = errors.New("storage: stream not found")            // HTTP 404; also expired streams
-	ErrGone        = errors.New("storage: gone")                        // soft-deleted stream, or offset pruned by retention (410)
+	ErrNotFound    = errors.New("storage: stream not found")                         // HTTP 404; also expired streams
+	ErrGone        = errors.New("storage: gone")                                     // soft-deleted stream, or offset pruned by retention (410)
 	ErrConflict    = errors.New("storage: stream exists with another configuration") // 409
 	ErrContentType = errors.New("storage: content type does not match the stream")   // 409
-	ErrStreamSeq   = errors.New("storage: Stream-Seq is not greater than the last")   // 409
-	ErrBadRequest  = errors.New("storage: bad request")                 // 400: bad name, offset, sub-offset, options
-	ErrTooLarge    = errors.New("storage: append too large")            // 413
-	ErrFailed      = errors.New("storage: store failed")                // a commit or fsync failed; the DB refuses everything after
+	ErrStreamSeq   = errors.New("storage: Stream-Seq is not greater than the last")  // 409
+	ErrBadRequest  = errors.New("storage: bad request")                              // 400: bad name, offset, sub-offset, options
+	ErrTooLarge    = errors.New("storage: append too large")                         // 413
+	ErrFailed      = errors.New("storage: store failed")                             // a commit or fsync failed; the DB refuses everything after
 	ErrClosedDB    = errors.New("storage: database closed")
 )
 
