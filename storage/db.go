@@ -1,0 +1,351 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Options configures a [DB]. The zero value of every field selects the
+// documented default.
+type Options struct {
+	// NoSync skips fsync on commit. For tests and benchmarks only: a
+	// crash may lose or corrupt acknowledged appends. Default false.
+	NoSync bool
+
+	// MaxBatchBytes bounds the record bytes gathered into one transaction
+	// (one fsync) by the group commit. Default 4 MiB. A single larger
+	// request still commits, alone.
+	MaxBatchBytes int
+
+	// MaxBatchWait is how long the writer waits for more requests after
+	// the first of a batch. Default 0: take what is queued; the fsync of
+	// the previous batch is the natural batching window.
+	MaxBatchWait time.Duration
+
+	// MaxAppendBytes bounds one append's total record bytes (also the
+	// initial records of a Create); above it the call fails with
+	// [ErrTooLarge]. Default 8 MiB.
+	MaxAppendBytes int64
+
+	// Retention is the default retention of every stream without its own
+	// ([CreateOptions].Retention). Zero keeps everything.
+	Retention Retention
+
+	// MaintenanceInterval is the period of the maintenance pass
+	// (retention pruning, producer expiry, removal of deleted and expired
+	// streams' data, persistence of read-renewed TTLs). Default 5s.
+	MaintenanceInterval time.Duration
+
+	// PruneBatch bounds the records pruned per stream per maintenance
+	// pass, and the records of deleted streams removed per pass. Default
+	// 500.
+	PruneBatch int
+
+	// ProducerTTL is how long an idle producer's state is kept. A
+	// producer that comes back after it starts afresh (seq 0). Default 7
+	// days.
+	ProducerTTL time.Duration
+
+	// Logger receives maintenance and failure logs. Nil discards.
+	Logger *slog.Logger
+
+	// Now is the clock. Nil means time.Now.
+	Now func() time.Time
+
+	// OnFatal is called once, from the writer goroutine, when a commit or
+	// fsync fails. After it every call returns [ErrFailed]. Nil logs at
+	// Error level only.
+	OnFatal func(error)
+
+	// Test seams, set through export_test.go.
+	commitHook      func() error // called inside each write tx before commit; an error fails the commit
+	compactMinBytes int64        // file size from which Open compacts; default 64 MiB
+}
+
+// Defaults.
+const (
+	defaultMaxBatchBytes  = 4 << 20
+	defaultMaxAppendBytes = 8 << 20
+	defaultMaintenance    = 5 * time.Second
+	defaultPruneBatch     = 500
+	defaultProducerTTL    = 7 * 24 * time.Hour
+	defaultCompactMin     = 64 << 20
+	defaultReadBytes      = 1 << 20
+)
+
+// Bucket names.
+var (
+	bucketNames = []byte("names") // stream name → id (8 bytes)
+	bucketMeta  = []byte("meta")  // id → meta (JSON); its sequence allocates ids
+	bucketRecs  = []byte("recs")  // id → bucket: position (8 bytes BE) → record value
+	bucketProds = []byte("prods") // id → bucket: producer id → prodState
+	bucketDead  = []byte("dead")  // id → empty: removed streams whose buckets are still to clear
+)
+
+// DB is a durable stream log in one bbolt file. Writes go through a
+// single writer goroutine that commits many requests per transaction
+// (group commit); reads run concurrently in read transactions. All
+// methods may be called concurrently.
+type DB struct {
+	// Static after Open.
+	bolt   *bolt.DB
+	opts   Options
+	log    *slog.Logger
+	now    func() time.Time
+	path   string
+	reqs   chan *request
+	quit   chan struct{} // closed by Close
+	wdone  chan struct{} // closed when the writer exits
+	mdone  chan struct{} // closed when the maintenance loop exits
+	kick   chan struct{} // asks for an early maintenance pass
+	closer sync.Once
+
+	failed   atomic.Bool
+	isClosed atomic.Bool
+
+	// Guarded by mu.
+	mu      sync.Mutex
+	access  map[uint64]int64         // id → last read, Unix ns, not yet persisted
+	waiters map[uint64]chan struct{} // id → closed on the next commit touching it
+}
+
+// Open opens (creating if needed) the log at path. opts may be nil; it is
+// copied, never modified. A file whose free pages dominate is compacted
+// first (see docs/storage.md).
+func Open(path string, opts *Options) (*DB, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.MaxBatchBytes <= 0 {
+		o.MaxBatchBytes = defaultMaxBatchBytes
+	}
+	if o.MaxAppendBytes <= 0 {
+		o.MaxAppendBytes = defaultMaxAppendBytes
+	}
+	if o.MaintenanceInterval <= 0 {
+		o.MaintenanceInterval = defaultMaintenance
+	}
+	if o.PruneBatch <= 0 {
+		o.PruneBatch = defaultPruneBatch
+	}
+	if o.ProducerTTL <= 0 {
+		o.ProducerTTL = defaultProducerTTL
+	}
+	if o.compactMinBytes <= 0 {
+		o.compactMinBytes = defaultCompactMin
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if err := compactIfSparse(path, &o); err != nil {
+		o.Logger.Warn("storage: compaction at open failed; continuing uncompacted", "path", path, "err", err)
+	}
+	bdb, err := bolt.Open(path, 0o600, boltOptions(&o))
+	if err != nil {
+		return nil, fmt.Errorf("storage: open %s: %w", path, err)
+	}
+	err = bdb.Update(func(tx *bolt.Tx) error {
+		for _, name := range [][]byte{bucketNames, bucketMeta, bucketRecs, bucketProds, bucketDead} {
+			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		bdb.Close()
+		return nil, fmt.Errorf("storage: init %s: %w", path, err)
+	}
+	db := &DB{
+		bolt:    bdb,
+		opts:    o,
+		log:     o.Logger,
+		now:     o.Now,
+		path:    path,
+		reqs:    make(chan *request, 4096),
+		quit:    make(chan struct{}),
+		wdone:   make(chan struct{}),
+		mdone:   make(chan struct{}),
+		kick:    make(chan struct{}, 1),
+		access:  make(map[uint64]int64),
+		waiters: make(map[uint64]chan struct{}),
+	}
+	go db.writer()
+	go db.maintainLoop()
+	return db, nil
+}
+
+func boltOptions(o *Options) *bolt.Options {
+	return &bolt.Options{
+		Timeout:        5 * time.Second,
+		NoSync:         o.NoSync,
+		NoGrowSync:     o.NoSync,
+		NoFreelistSync: true,
+		FreelistType:   bolt.FreelistMapType,
+	}
+}
+
+// Close stops the writer and the maintenance loop, after committing the
+// requests already queued, and closes the file. It is idempotent; calls
+// made after it return [ErrClosedDB].
+func (db *DB) Close() error {
+	var err error
+	db.closer.Do(func() {
+		db.isClosed.Store(true)
+		close(db.quit)
+		<-db.mdone
+		<-db.wdone
+		err = db.bolt.Close()
+	})
+	return err
+}
+
+// check returns the error every call gets on a closed or failed DB.
+func (db *DB) check() error {
+	if db.failed.Load() {
+		return ErrFailed
+	}
+	if db.isClosed.Load() {
+		return ErrClosedDB
+	}
+	return nil
+}
+
+// fail marks the DB failed after a commit error and reports it once.
+func (db *DB) fail(err error) {
+	if db.failed.Swap(true) {
+		return
+	}
+	db.log.Error("storage: commit failed; refusing all further calls", "path", db.path, "err", err)
+	if db.opts.OnFatal != nil {
+		db.opts.OnFatal(err)
+	}
+}
+
+// submit queues r for the writer and waits for its answer. When ctx ends
+// first the caller stops waiting, but r still commits wholly or not at
+// all.
+func (db *DB) submit(ctx context.Context, r *request) error {
+	r.done = make(chan struct{})
+	select {
+	case db.reqs <- r:
+	case <-db.quit:
+		return ErrClosedDB
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-r.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-db.wdone:
+		select {
+		case <-r.done:
+			return nil
+		default:
+			return ErrClosedDB
+		}
+	}
+}
+
+// touchAccess records a read of stream id at now, to be persisted lazily.
+func (db *DB) touchAccess(id uint64, now int64) {
+	db.mu.Lock()
+	if now > db.access[id] {
+		db.access[id] = now
+	}
+	db.mu.Unlock()
+}
+
+// lastAccess returns the later of m's persisted access and an unpersisted
+// read.
+func (db *DB) lastAccess(m *meta) int64 {
+	db.mu.Lock()
+	a := db.access[m.ID]
+	db.mu.Unlock()
+	return max(a, m.Access)
+}
+
+// Stream states as seen by a call.
+const (
+	stLive = iota
+	stMissing
+	stGone
+)
+
+// state classifies m at now: soft-deleted is gone; expired is missing,
+// unless forks still read it, then gone.
+func (db *DB) state(m *meta, now time.Time) int {
+	if m.Deleted {
+		return stGone
+	}
+	if db.expired(m, now) {
+		if m.Forks > 0 {
+			return stGone
+		}
+		return stMissing
+	}
+	return stLive
+}
+
+func (db *DB) expired(m *meta, now time.Time) bool {
+	if !m.ExpiresAt.IsZero() && !now.Before(m.ExpiresAt) {
+		return true
+	}
+	if m.TTL > 0 && now.UnixNano()-db.lastAccess(m) >= int64(m.TTL) {
+		return true
+	}
+	return false
+}
+
+// stateErr returns the error for a non-live state.
+func stateErr(st int, name string) error {
+	switch st {
+	case stMissing:
+		return fmt.Errorf("%w: %q", ErrNotFound, name)
+	case stGone:
+		return fmt.Errorf("%w: stream %q was deleted", ErrGone, name)
+	}
+	return nil
+}
+
+// watch returns a channel closed on the next commit that touches id.
+func (db *DB) watch(id uint64) <-chan struct{} {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	ch, ok := db.waiters[id]
+	if !ok {
+		ch = make(chan struct{})
+		db.waiters[id] = ch
+	}
+	return ch
+}
+
+// wake closes the watch channels of ids.
+func (db *DB) wake(ids []uint64) {
+	if len(ids) == 0 {
+		return
+	}
+	db.mu.Lock()
+	for _, id := range ids {
+		if ch, ok := db.waiters[id]; ok {
+			close(ch)
+			delete(db.waiters, id)
+		}
+	}
+	db.mu.Unlock()
+}
+
+var errInternal = errors.New("storage: internal error")

@@ -1,0 +1,294 @@
+package storage
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// maintStats counts what a maintenance pass did.
+type maintStats struct {
+	pruned, producers, expired, cleared int
+}
+
+// maintainLoop asks the writer for a maintenance pass every
+// MaintenanceInterval. A failed pass is logged and retried next tick.
+func (db *DB) maintainLoop() {
+	defer close(db.mdone)
+	t := time.NewTicker(db.opts.MaintenanceInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-db.quit:
+			return
+		case <-t.C:
+		case <-db.kick:
+		}
+		r := &request{op: opMaintain}
+		if err := db.submit(context.Background(), r); err != nil {
+			if !errors.Is(err, ErrClosedDB) {
+				db.log.Error("storage: maintenance failed", "err", err)
+			}
+			continue
+		}
+		if r.err != nil {
+			db.log.Warn("storage: maintenance step failed; retrying next tick", "err", r.err)
+		} else if s := r.maint; s != (maintStats{}) {
+			db.log.Debug("storage: maintenance", "pruned", s.pruned, "producers_expired", s.producers, "streams_expired", s.expired, "records_cleared", s.cleared)
+		}
+	}
+}
+
+// maintain runs one maintenance pass inside the writer's transaction:
+// persist read-renewed access times, remove expired streams, prune by
+// retention, expire idle producers, clear removed streams' records. Each
+// step's work per stream is bounded by PruneBatch.
+func (b *batch1) maintain(r *request) error {
+	db := b.db
+	// Read renewals: load those streams so flush persists their access.
+	db.mu.Lock()
+	ids := make([]uint64, 0, len(db.access))
+	for id := range db.access {
+		ids = append(ids, id)
+	}
+	db.mu.Unlock()
+	for _, id := range ids {
+		ws, err := b.byID(id)
+		if err != nil {
+			return err
+		}
+		if ws != nil {
+			ws.dirty = true
+		}
+	}
+
+	ids = ids[:0]
+	c := b.metas.Cursor()
+	for k, _ := c.First(); k != nil; k, _ = c.Next() {
+		ids = append(ids, binary.BigEndian.Uint64(k))
+	}
+	for _, id := range ids {
+		ws, err := b.byID(id)
+		if err != nil {
+			return err
+		}
+		if ws == nil {
+			continue
+		}
+		m := &ws.m
+		if m.Forks == 0 && (m.Deleted || db.expired(m, b.now)) {
+			if err := b.remove(ws); err != nil {
+				return err
+			}
+			r.maint.expired++
+			continue
+		}
+		n, err := b.prune(ws)
+		if err != nil {
+			return err
+		}
+		r.maint.pruned += n
+		if n, err = b.expireProducers(ws); err != nil {
+			return err
+		}
+		r.maint.producers += n
+	}
+
+	ids = ids[:0]
+	c = b.dead.Cursor()
+	for k, _ := c.First(); k != nil; k, _ = c.Next() {
+		ids = append(ids, binary.BigEndian.Uint64(k))
+	}
+	budget := db.opts.PruneBatch * 10
+	for _, id := range ids {
+		if budget <= 0 {
+			break
+		}
+		n, done, err := b.clear(id, budget)
+		if err != nil {
+			return err
+		}
+		budget -= n
+		r.maint.cleared += n
+		if done {
+			if err := b.dead.Delete(key8(id)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// prune removes ws's oldest appends beyond its retention, at most
+// PruneBatch records.
+func (b *batch1) prune(ws *wstream) (int, error) {
+	ret := b.db.opts.Retention
+	if ws.m.Retention != nil {
+		ret = *ws.m.Retention
+	}
+	if ret == (Retention{}) || ws.m.Count == 0 {
+		return 0, nil
+	}
+	bk, err := b.recBucket(ws)
+	if err != nil {
+		return 0, err
+	}
+	m := &ws.m
+	ageLimit := b.nowNs - int64(ret.MaxAge)
+	var keys [][]byte
+	count, bytes := m.Count, m.Bytes
+	dropping := false
+	c := bk.Cursor()
+	for k, v := c.First(); k != nil && len(keys) < b.db.opts.PruneBatch; k, v = c.Next() {
+		data, start, at := recordData(v)
+		if start || !dropping {
+			dropping = (ret.MaxRecords > 0 && count > ret.MaxRecords) ||
+				(ret.MaxBytes > 0 && bytes > ret.MaxBytes) ||
+				(ret.MaxAge > 0 && start && at < ageLimit) ||
+				(!start && len(keys) == 0) // a partly pruned append: finish it
+			if !dropping {
+				break
+			}
+		}
+		keys = append(keys, append([]byte(nil), k...))
+		count--
+		bytes -= int64(len(data))
+	}
+	for _, k := range keys {
+		if err := bk.Delete(k); err != nil {
+			return 0, err
+		}
+	}
+	if len(keys) > 0 {
+		m.Count, m.Bytes = count, bytes
+		m.Pruned = binary.BigEndian.Uint64(keys[len(keys)-1])
+		ws.dirty = true
+	}
+	return len(keys), nil
+}
+
+// expireProducers deletes ws's producers idle for longer than ProducerTTL,
+// at most PruneBatch.
+func (b *batch1) expireProducers(ws *wstream) (int, error) {
+	pb := b.prods.Bucket(key8(ws.m.ID))
+	if pb == nil {
+		return 0, nil
+	}
+	limit := b.nowNs - int64(b.db.opts.ProducerTTL)
+	var keys [][]byte
+	c := pb.Cursor()
+	for k, v := c.First(); k != nil && len(keys) < b.db.opts.PruneBatch; k, v = c.Next() {
+		if pe, ok := ws.prods[string(k)]; ok && pe.dirty {
+			continue
+		}
+		var st prodState
+		if err := decodeProd(v, &st); err != nil || st.used < limit {
+			keys = append(keys, append([]byte(nil), k...))
+		}
+	}
+	for _, k := range keys {
+		if err := pb.Delete(k); err != nil {
+			return 0, err
+		}
+		delete(ws.prods, string(k))
+	}
+	return len(keys), nil
+}
+
+// clear deletes up to budget records of removed stream id, and its
+// buckets once empty.
+func (b *batch1) clear(id uint64, budget int) (n int, done bool, err error) {
+	k8 := key8(id)
+	if bk := b.recs.Bucket(k8); bk != nil {
+		var keys [][]byte
+		c := bk.Cursor()
+		for k, _ := c.First(); k != nil && len(keys) < budget; k, _ = c.Next() {
+			keys = append(keys, append([]byte(nil), k...))
+		}
+		for _, k := range keys {
+			if err := bk.Delete(k); err != nil {
+				return 0, false, err
+			}
+		}
+		if len(keys) == budget {
+			return len(keys), false, nil
+		}
+		n = len(keys)
+		if err := b.recs.DeleteBucket(k8); err != nil {
+			return 0, false, err
+		}
+	}
+	if b.prods.Bucket(k8) != nil {
+		if err := b.prods.DeleteBucket(k8); err != nil {
+			return 0, false, err
+		}
+	}
+	return n, true, nil
+}
+
+// compactIfSparse compacts the file at path by copying it forward into a
+// new file, when it is at least compactMinBytes and its free pages are
+// more than half of it. It runs only in Open, before the DB is in use, so
+// it needs no coordination with readers or the writer.
+func compactIfSparse(path string, o *Options) error {
+	fi, err := os.Stat(path)
+	if err != nil || fi.Size() < o.compactMinBytes {
+		return nil
+	}
+	src, err := bolt.Open(path, 0o600, boltOptions(o))
+	if err != nil {
+		return err
+	}
+	free := int64(src.Stats().FreePageN) * int64(src.Info().PageSize)
+	if free*2 <= fi.Size() {
+		return src.Close()
+	}
+	tmp := path + ".compact"
+	os.Remove(tmp)
+	dstOpts := boltOptions(o)
+	dstOpts.NoSync = true // synced once below
+	dst, err := bolt.Open(tmp, 0o600, dstOpts)
+	if err != nil {
+		src.Close()
+		return err
+	}
+	err = bolt.Compact(dst, src, 64<<20)
+	if err == nil {
+		err = dst.Sync()
+	}
+	if cerr := dst.Close(); err == nil {
+		err = cerr
+	}
+	src.Close()
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("compact: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if d, err := os.Open(dirOf(path)); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	o.Logger.Info("storage: compacted", "path", path, "before", fi.Size(), "free", free)
+	return nil
+}
+
+func dirOf(path string) string {
+	for i := len(path) - 1; i >= 0; i-- {
+		if path[i] == '/' {
+			if i == 0 {
+				return "/"
+			}
+			return path[:i]
+		}
+	}
+	return "."
+}

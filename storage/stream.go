@@ -1,0 +1,131 @@
+package storage
+
+import (
+	"context"
+	"fmt"
+)
+
+// Create creates stream name with configuration o, or checks that an
+// existing live stream has the same configuration (see [CreateOptions]):
+// created reports which. info describes the stream either way. The name
+// of an expired stream is free: Create makes a fresh stream there.
+//
+// Errors: [ErrBadRequest] for a bad name, both TTL and ExpiresAt, a
+// malformed fork offset, a fork offset beyond the source's tail or a bad
+// sub-offset; [ErrConflict] for another configuration, a soft-deleted
+// stream at name, a soft-deleted fork source or a fork content type that
+// differs from the source's; [ErrNotFound] for a missing or expired fork
+// source; [ErrTooLarge] for initial records over MaxAppendBytes.
+func (db *DB) Create(ctx context.Context, name string, o CreateOptions) (info Info, created bool, err error) {
+	if err := db.begin(ctx, name); err != nil {
+		return Info{}, false, err
+	}
+	if err := validateCreate(&o); err != nil {
+		return Info{}, false, err
+	}
+	r := &request{op: opCreate, name: name, create: &o, size: recordBytes(o.Records)}
+	if err := db.submit(ctx, r); err != nil {
+		return Info{}, false, err
+	}
+	return r.info, r.created, r.err
+}
+
+func validateCreate(o *CreateOptions) error {
+	if o.TTL < 0 {
+		return fmt.Errorf("%w: negative TTL", ErrBadRequest)
+	}
+	if o.TTL > 0 && !o.ExpiresAt.IsZero() {
+		return fmt.Errorf("%w: both TTL and Expires-At", ErrBadRequest)
+	}
+	if o.ForkFrom == "" {
+		if o.ForkOffset != "" || o.ForkSubOffset != 0 {
+			return fmt.Errorf("%w: fork offset without a fork source", ErrBadRequest)
+		}
+		return nil
+	}
+	if err := checkName(o.ForkFrom); err != nil {
+		return fmt.Errorf("%w: bad fork source name", ErrBadRequest)
+	}
+	if o.ForkOffset != "" {
+		if _, err := ParseOffset(o.ForkOffset); err != nil {
+			return err
+		}
+	}
+	if o.ForkSubOffset < 0 {
+		return fmt.Errorf("%w: negative fork sub-offset", ErrBadRequest)
+	}
+	return nil
+}
+
+func recordBytes(recs [][]byte) int64 {
+	var n int64
+	for _, r := range recs {
+		n += int64(len(r))
+	}
+	return n
+}
+
+// Delete deletes stream name. A stream that forks still read is
+// soft-deleted: it reads as [ErrGone] and is removed with its last fork.
+// A missing or expired stream is [ErrNotFound], a soft-deleted one
+// [ErrGone]. Its records are removed in the background, in bounded
+// batches; the name is free at once.
+func (db *DB) Delete(ctx context.Context, name string) error {
+	if err := db.begin(ctx, name); err != nil {
+		return err
+	}
+	r := &request{op: opDelete, name: name}
+	if err := db.submit(ctx, r); err != nil {
+		return err
+	}
+	return r.err
+}
+
+// Append appends req's records to stream name as one append, atomically
+// with the producer state and the close it may carry. The checks and
+// their order are [AppendRequest]'s; the producer rules are [Producer]'s.
+// It returns after the records are durable (fsync), batched with
+// concurrent appends into one transaction. Appends, admitted or not,
+// renew a sliding TTL.
+//
+// Errors: [ErrBadRequest] (bad name, no records without Close, bad
+// producer), [ErrNotFound], [ErrGone], [*ClosedError], [*ProducerError],
+// [ErrContentType], [ErrStreamSeq], [ErrTooLarge], [ErrFailed].
+func (db *DB) Append(ctx context.Context, name string, req AppendRequest) (AppendResult, error) {
+	if err := db.begin(ctx, name); err != nil {
+		return AppendResult{}, err
+	}
+	if len(req.Records) == 0 && !req.Close {
+		return AppendResult{}, fmt.Errorf("%w: no records", ErrBadRequest)
+	}
+	if p := req.Producer; p != nil && (p.ID == "" || p.Epoch < 0 || p.Seq < 0) {
+		return AppendResult{}, fmt.Errorf("%w: bad producer id, epoch or seq", ErrBadRequest)
+	}
+	r := &request{op: opAppend, name: name, app: &req, size: recordBytes(req.Records)}
+	if err := db.submit(ctx, r); err != nil {
+		return AppendResult{}, err
+	}
+	if r.err != nil {
+		return AppendResult{}, r.err
+	}
+	res := AppendResult{
+		Offset:    FormatOffset(r.res.last),
+		Duplicate: r.res.dup,
+		Epoch:     r.res.epoch,
+		Seq:       r.res.seq,
+		Closed:    r.res.closed,
+	}
+	if r.res.n > 0 {
+		res.Offsets = make([]string, r.res.n)
+		buf := make([]byte, 0, r.res.n*offsetLen)
+		for i := range res.Offsets {
+			buf = appendOffset(buf, r.res.first+uint64(i))
+		}
+		s := string(buf)
+		for i := range res.Offsets {
+			res.Offsets[i] = s[i*offsetLen : (i+1)*offsetLen]
+		}
+		res.Offset = res.Offsets[r.res.n-1]
+	}
+	return res, nil
+}

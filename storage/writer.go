@@ -1,0 +1,784 @@
+package storage
+
+import (
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// opKind says what a request asks of the writer.
+type opKind uint8
+
+const (
+	opAppend opKind = iota
+	opCreate
+	opDelete
+	opMaintain
+)
+
+// request is one call queued for the writer. The writer fills the answer
+// fields, then closes done.
+type request struct {
+	op     opKind
+	name   string
+	create *CreateOptions
+	app    *AppendRequest
+	size   int64 // record bytes, for batching and the size check
+	done   chan struct{}
+
+	// Answer.
+	err     error
+	info    Info
+	created bool
+	res     appendRes
+	maint   maintStats
+}
+
+// appendRes is an append's outcome in positions; the caller formats the
+// offset strings, off the writer goroutine.
+type appendRes struct {
+	dup, closed bool
+	first, last uint64 // positions of the first and last appended records; last is the tail otherwise
+	n           int
+	epoch, seq  int64
+}
+
+// writer is the single goroutine that applies every mutation. It takes
+// what is queued (up to MaxBatchBytes), applies it in one bbolt
+// transaction, commits (one fsync), and only then answers the callers.
+func (db *DB) writer() {
+	defer close(db.wdone)
+	batch := make([]*request, 0, 256)
+	var timer *time.Timer
+	for {
+		var first *request
+		select {
+		case first = <-db.reqs:
+		case <-db.quit:
+			// Commit what was queued before Close, then exit.
+			for {
+				batch = batch[:0]
+				var size int64
+			drain:
+				for size < int64(db.opts.MaxBatchBytes) {
+					select {
+					case r := <-db.reqs:
+						batch = append(batch, r)
+						size += r.size
+					default:
+						break drain
+					}
+				}
+				if len(batch) == 0 {
+					return
+				}
+				db.commit(batch)
+			}
+		}
+		batch = append(batch[:0], first)
+		size := first.size
+		var deadline <-chan time.Time
+		if db.opts.MaxBatchWait > 0 {
+			if timer == nil {
+				timer = time.NewTimer(db.opts.MaxBatchWait)
+			} else {
+				timer.Reset(db.opts.MaxBatchWait)
+			}
+			deadline = timer.C
+		}
+	gather:
+		for size < int64(db.opts.MaxBatchBytes) {
+			select {
+			case r := <-db.reqs:
+				batch = append(batch, r)
+				size += r.size
+				continue
+			default:
+			}
+			if deadline == nil {
+				break
+			}
+			select {
+			case r := <-db.reqs:
+				batch = append(batch, r)
+				size += r.size
+			case <-deadline:
+				deadline = nil
+				break gather
+			}
+		}
+		if timer != nil && deadline != nil {
+			timer.Stop()
+		}
+		db.commit(batch)
+		clear(batch)
+	}
+}
+
+// commit applies batch in one transaction and answers every request.
+func (db *DB) commit(batch []*request) {
+	if db.failed.Load() {
+		for _, r := range batch {
+			r.err = ErrFailed
+			close(r.done)
+		}
+		return
+	}
+	b := batch1{db: db, now: db.now()}
+	b.nowNs = b.now.UnixNano()
+	err := db.bolt.Update(func(tx *bolt.Tx) error {
+		b.init(tx)
+		for _, r := range batch {
+			if err := b.apply(r); err != nil {
+				return err
+			}
+		}
+		if err := b.flush(); err != nil {
+			return err
+		}
+		if hook := db.opts.commitHook; hook != nil {
+			return hook()
+		}
+		return nil
+	})
+	if err != nil {
+		db.fail(err)
+		for _, r := range batch {
+			r.err = fmt.Errorf("%w: %v", ErrFailed, err)
+			close(r.done)
+		}
+		return
+	}
+	if len(b.persisted) > 0 {
+		db.mu.Lock()
+		for id, v := range b.persisted {
+			if db.access[id] <= v {
+				delete(db.access, id)
+			}
+		}
+		db.mu.Unlock()
+	}
+	db.wake(b.notify)
+	for _, r := range batch {
+		close(r.done)
+	}
+}
+
+// batch1 is the state of one write transaction: buckets, the streams
+// loaded so far (requests in a batch see each other's effects through
+// it), and what to wake after commit.
+type batch1 struct {
+	db    *DB
+	tx    *bolt.Tx
+	now   time.Time
+	nowNs int64
+
+	names, metas, recs, prods, dead *bolt.Bucket
+
+	streams   map[uint64]*wstream
+	notify    []uint64
+	persisted map[uint64]int64 // read-access times written to meta
+	arena     []byte
+}
+
+// wstream is a stream loaded into a write transaction.
+type wstream struct {
+	m       meta
+	dirty   bool
+	removed bool
+	rec     *bolt.Bucket
+	prods   map[string]*prodEntry
+}
+
+// prodEntry is a producer's state loaded into a write transaction.
+type prodEntry struct {
+	st    prodState
+	found bool // known (and not expired) before this request
+	dirty bool
+}
+
+func (b *batch1) init(tx *bolt.Tx) {
+	b.tx = tx
+	b.names = tx.Bucket(bucketNames)
+	b.metas = tx.Bucket(bucketMeta)
+	b.recs = tx.Bucket(bucketRecs)
+	b.prods = tx.Bucket(bucketProds)
+	b.dead = tx.Bucket(bucketDead)
+	b.streams = make(map[uint64]*wstream)
+}
+
+// alloc returns n bytes that stay valid for the transaction (bbolt keeps
+// references to put keys and values until commit).
+func (b *batch1) alloc(n int) []byte {
+	if cap(b.arena)-len(b.arena) < n {
+		if n >= 16<<10 {
+			return make([]byte, n)
+		}
+		b.arena = make([]byte, 0, 256<<10)
+	}
+	l := len(b.arena)
+	b.arena = b.arena[:l+n]
+	return b.arena[l : l+n : l+n]
+}
+
+func (b *batch1) byName(name string) (*wstream, error) {
+	v := b.names.Get([]byte(name))
+	if v == nil {
+		return nil, nil
+	}
+	return b.byID(binary.BigEndian.Uint64(v))
+}
+
+func (b *batch1) byID(id uint64) (*wstream, error) {
+	if ws, ok := b.streams[id]; ok {
+		if ws.removed {
+			return nil, nil
+		}
+		return ws, nil
+	}
+	v := b.metas.Get(key8(id))
+	if v == nil {
+		return nil, nil
+	}
+	ws := &wstream{}
+	if err := decodeMeta(v, &ws.m); err != nil {
+		return nil, err
+	}
+	b.streams[id] = ws
+	return ws, nil
+}
+
+// metaByID adapts byID for chain reads.
+func (b *batch1) metaByID(id uint64) (*meta, error) {
+	ws, err := b.byID(id)
+	if err != nil || ws == nil {
+		return nil, err
+	}
+	return &ws.m, nil
+}
+
+func (b *batch1) recBucket(ws *wstream) (*bolt.Bucket, error) {
+	if ws.rec == nil {
+		bk, err := b.recs.CreateBucketIfNotExists(key8(ws.m.ID))
+		if err != nil {
+			return nil, err
+		}
+		bk.FillPercent = 1.0 // keys only grow: pack pages full
+		ws.rec = bk
+	}
+	return ws.rec, nil
+}
+
+// producer loads the state of producer pid on ws.
+func (b *batch1) producer(ws *wstream, pid string) (*prodEntry, error) {
+	if pe, ok := ws.prods[pid]; ok {
+		return pe, nil
+	}
+	if ws.prods == nil {
+		ws.prods = make(map[string]*prodEntry)
+	}
+	pe := &prodEntry{}
+	if bk := b.prods.Bucket(key8(ws.m.ID)); bk != nil {
+		if v := bk.Get([]byte(pid)); v != nil {
+			if err := decodeProd(v, &pe.st); err != nil {
+				return nil, err
+			}
+			pe.found = b.nowNs-pe.st.used < int64(b.db.opts.ProducerTTL)
+			if !pe.found {
+				pe.st = prodState{}
+			}
+		}
+	}
+	ws.prods[pid] = pe
+	return pe, nil
+}
+
+// flush writes the dirty metas and producer states.
+func (b *batch1) flush() error {
+	for id, ws := range b.streams {
+		if ws.removed {
+			continue
+		}
+		if ws.dirty {
+			if a := b.db.lastAccess(&ws.m); a > ws.m.Access {
+				ws.m.Access = a
+				if b.persisted == nil {
+					b.persisted = make(map[uint64]int64)
+				}
+				b.persisted[id] = a
+			}
+			v, err := encodeMeta(&ws.m)
+			if err != nil {
+				return err
+			}
+			if err := b.metas.Put(key8(id), v); err != nil {
+				return err
+			}
+		}
+		var pb *bolt.Bucket
+		for pid, pe := range ws.prods {
+			if !pe.dirty {
+				continue
+			}
+			if pb == nil {
+				var err error
+				if pb, err = b.prods.CreateBucketIfNotExists(key8(id)); err != nil {
+					return err
+				}
+			}
+			if err := pb.Put([]byte(pid), pe.st.encode(make([]byte, 0, 32+4*len(pe.st.ring)))); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// apply runs one request. Per-request failures are answered in r; a
+// returned error is a storage failure that aborts the transaction.
+func (b *batch1) apply(r *request) error {
+	switch r.op {
+	case opAppend:
+		return b.applyAppend(r)
+	case opCreate:
+		return b.applyCreate(r)
+	case opDelete:
+		return b.applyDelete(r)
+	case opMaintain:
+		return b.maintain(r)
+	}
+	return nil
+}
+
+// live loads name and checks that it is live; a nil stream has r.err set.
+func (b *batch1) live(r *request) (*wstream, error) {
+	ws, err := b.byName(r.name)
+	if err != nil {
+		return nil, err
+	}
+	if ws == nil {
+		r.err = fmt.Errorf("%w: %q", ErrNotFound, r.name)
+		return nil, nil
+	}
+	if st := b.db.state(&ws.m, b.now); st != stLive {
+		r.err = stateErr(st, r.name)
+		return nil, nil
+	}
+	return ws, nil
+}
+
+func (b *batch1) applyAppend(r *request) error {
+	req := r.app
+	ws, err := b.live(r)
+	if ws == nil {
+		return err
+	}
+	m := &ws.m
+	if m.TTL > 0 {
+		m.Access = b.nowNs // any append, even a refused one, renews a sliding TTL
+		ws.dirty = true
+	}
+	p := req.Producer
+	var pe *prodEntry
+	if p != nil {
+		if pe, err = b.producer(ws, p.ID); err != nil {
+			return err
+		}
+	}
+	closeOnly := len(req.Records) == 0
+	if m.Closed {
+		if p != nil && m.CloseProd != nil && *m.CloseProd == (closeProd{p.ID, p.Epoch, p.Seq}) {
+			r.res = appendRes{dup: true, closed: true, last: m.Tail, epoch: pe.st.epoch, seq: pe.st.lastSeq}
+			return nil
+		}
+		if !closeOnly {
+			r.err = &ClosedError{Tail: FormatOffset(m.Tail)}
+			return nil
+		}
+		if p == nil {
+			r.res = appendRes{closed: true, last: m.Tail}
+			return nil
+		}
+	}
+	if p != nil {
+		dup, perr := checkProducer(pe, p)
+		if perr != nil {
+			r.err = perr
+			return nil
+		}
+		if dup {
+			pos, ok := pe.st.lookup(p.Seq)
+			if !ok {
+				pos = m.Tail
+			}
+			r.res = appendRes{dup: true, closed: m.Closed, last: pos, epoch: pe.st.epoch, seq: pe.st.lastSeq}
+			return nil
+		}
+	}
+	if !closeOnly {
+		if req.ContentType != "" && NormalizeContentType(req.ContentType) != NormalizeContentType(m.ContentType) {
+			r.err = fmt.Errorf("%w: %q is not %q", ErrContentType, req.ContentType, m.ContentType)
+			return nil
+		}
+		if req.StreamSeq != "" && req.StreamSeq <= m.StreamSeq {
+			r.err = fmt.Errorf("%w: %q after %q", ErrStreamSeq, req.StreamSeq, m.StreamSeq)
+			return nil
+		}
+		if r.size > b.db.opts.MaxAppendBytes {
+			r.err = fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, r.size, b.db.opts.MaxAppendBytes)
+			return nil
+		}
+	}
+	res := appendRes{first: m.Tail + 1, n: len(req.Records)}
+	if err := b.appendRecords(ws, req.Records); err != nil {
+		return err
+	}
+	if !closeOnly && req.StreamSeq != "" {
+		m.StreamSeq = req.StreamSeq
+	}
+	if req.Close && !m.Closed {
+		m.Closed = true
+		if p != nil {
+			m.CloseProd = &closeProd{p.ID, p.Epoch, p.Seq}
+		}
+	}
+	if p != nil {
+		pe.st.admit(p.Epoch, p.Seq, m.Tail, b.nowNs)
+		pe.found, pe.dirty = true, true
+		res.epoch, res.seq = p.Epoch, p.Seq
+	}
+	ws.dirty = true
+	m.Access = b.nowNs
+	b.notify = append(b.notify, m.ID)
+	res.last, res.closed = m.Tail, m.Closed
+	r.res = res
+	return nil
+}
+
+// checkProducer applies the producer rules of [Producer] to the loaded
+// state; it mutates nothing.
+func checkProducer(pe *prodEntry, p *Producer) (dup bool, err error) {
+	if !pe.found {
+		if p.Seq != 0 && !p.AllowGap {
+			return false, &ProducerError{Kind: KindGap, ExpectedSeq: 0, ReceivedSeq: p.Seq}
+		}
+		return false, nil
+	}
+	st := &pe.st
+	switch {
+	case p.Epoch < st.epoch:
+		return false, &ProducerError{Kind: KindFenced, CurrentEpoch: st.epoch}
+	case p.Epoch > st.epoch:
+		if p.Seq != 0 && !p.AllowGap {
+			return false, &ProducerError{Kind: KindEpochSeq, ReceivedSeq: p.Seq}
+		}
+		return false, nil
+	case p.Seq <= st.lastSeq:
+		return true, nil
+	case p.Seq == st.lastSeq+1 || p.AllowGap:
+		return false, nil
+	}
+	return false, &ProducerError{Kind: KindGap, ExpectedSeq: st.lastSeq + 1, ReceivedSeq: p.Seq}
+}
+
+// appendRecords writes recs as one append at ws's tail.
+func (b *batch1) appendRecords(ws *wstream, recs [][]byte) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	bk, err := b.recBucket(ws)
+	if err != nil {
+		return err
+	}
+	m := &ws.m
+	for i, d := range recs {
+		var v []byte
+		if i == 0 {
+			v = b.alloc(9 + len(d))
+			v[0] = flagStart
+			binary.BigEndian.PutUint64(v[1:9], uint64(b.nowNs))
+			copy(v[9:], d)
+		} else {
+			v = b.alloc(1 + len(d))
+			v[0] = 0
+			copy(v[1:], d)
+		}
+		m.Tail++
+		k := b.alloc(8)
+		binary.BigEndian.PutUint64(k, m.Tail)
+		if err := bk.Put(k, v); err != nil {
+			return err
+		}
+		m.Bytes += int64(len(d))
+		m.Count++
+	}
+	return nil
+}
+
+func (b *batch1) applyDelete(r *request) error {
+	ws, err := b.byName(r.name)
+	if err != nil {
+		return err
+	}
+	if ws == nil {
+		r.err = fmt.Errorf("%w: %q", ErrNotFound, r.name)
+		return nil
+	}
+	switch b.db.state(&ws.m, b.now) {
+	case stGone:
+		r.err = stateErr(stGone, r.name)
+		return nil
+	case stMissing:
+		r.err = stateErr(stMissing, r.name)
+		return b.remove(ws)
+	}
+	if ws.m.Forks > 0 {
+		ws.m.Deleted = true
+		ws.dirty = true
+		b.notify = append(b.notify, ws.m.ID)
+		return nil
+	}
+	return b.remove(ws)
+}
+
+// remove deletes ws's name and meta, queues its records for removal and
+// releases its reference on its fork source, removing the source too when
+// it was only kept for its forks (and so on up the chain).
+func (b *batch1) remove(ws *wstream) error {
+	for ws != nil {
+		m := &ws.m
+		id := key8(m.ID)
+		if v := b.names.Get([]byte(m.Name)); v != nil && binary.BigEndian.Uint64(v) == m.ID {
+			if err := b.names.Delete([]byte(m.Name)); err != nil {
+				return err
+			}
+		}
+		if err := b.metas.Delete(id); err != nil {
+			return err
+		}
+		if err := b.dead.Put(id, nil); err != nil {
+			return err
+		}
+		ws.removed = true
+		b.notify = append(b.notify, m.ID)
+		if m.SrcID == 0 {
+			return nil
+		}
+		src, err := b.byID(m.SrcID)
+		if err != nil || src == nil {
+			return err
+		}
+		src.m.Forks--
+		src.dirty = true
+		if src.m.Forks > 0 || !(src.m.Deleted || b.db.expired(&src.m, b.now)) {
+			return nil
+		}
+		ws = src
+	}
+	return nil
+}
+
+func (b *batch1) applyCreate(r *request) error {
+	o := r.create
+	ws, err := b.byName(r.name)
+	if err != nil {
+		return err
+	}
+	if ws != nil {
+		switch b.db.state(&ws.m, b.now) {
+		case stGone:
+			r.err = fmt.Errorf("%w: %q is deleted but still read by forks", ErrConflict, r.name)
+			return nil
+		case stMissing:
+			if err := b.remove(ws); err != nil {
+				return err
+			}
+		default:
+			if !b.sameConfig(&ws.m, o) {
+				r.err = fmt.Errorf("%w: %q", ErrConflict, r.name)
+				return nil
+			}
+			r.info = ws.m.info()
+			return nil
+		}
+	}
+	if r.size > b.db.opts.MaxAppendBytes {
+		r.err = fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, r.size, b.db.opts.MaxAppendBytes)
+		return nil
+	}
+	m := meta{
+		Name:         r.name,
+		ContentType:  o.ContentType,
+		TTL:          o.TTL,
+		ExpiresAt:    o.ExpiresAt,
+		ExpiresAtRaw: o.ExpiresAtRaw,
+		Created:      b.now.Round(0),
+		Access:       b.nowNs,
+		Retention:    o.Retention,
+	}
+	if !o.ExpiresAt.IsZero() {
+		m.ExpiresAt = o.ExpiresAt.UTC()
+	}
+	var src *wstream
+	var prefix [][]byte
+	if o.ForkFrom != "" {
+		if src, err = b.byName(o.ForkFrom); err != nil {
+			return err
+		}
+		if src == nil {
+			r.err = fmt.Errorf("%w: fork source %q", ErrNotFound, o.ForkFrom)
+			return nil
+		}
+		switch b.db.state(&src.m, b.now) {
+		case stMissing:
+			r.err = fmt.Errorf("%w: fork source %q", ErrNotFound, o.ForkFrom)
+			return nil
+		case stGone:
+			r.err = fmt.Errorf("%w: fork source %q is deleted", ErrConflict, o.ForkFrom)
+			return nil
+		}
+		sm := &src.m
+		if o.ContentType == "" {
+			m.ContentType = sm.ContentType
+		} else if NormalizeContentType(o.ContentType) != NormalizeContentType(sm.ContentType) {
+			r.err = fmt.Errorf("%w: fork content type %q is not the source's %q", ErrConflict, o.ContentType, sm.ContentType)
+			return nil
+		}
+		at := sm.Tail
+		if o.ForkOffset == "" {
+			m.ForkDefault = true
+		} else {
+			at, _ = ParseOffset(o.ForkOffset) // validated before queueing
+			if at > sm.Tail {
+				r.err = fmt.Errorf("%w: fork offset %s is beyond the source's tail", ErrBadRequest, o.ForkOffset)
+				return nil
+			}
+		}
+		if o.ForkSubOffset > 0 {
+			if prefix, err = b.subPrefix(sm, at, o.ForkSubOffset); err != nil {
+				r.err = err
+				return nil
+			}
+		}
+		if o.TTL == 0 && o.ExpiresAt.IsZero() {
+			m.TTL, m.ExpiresAt, m.ExpiresAtRaw, m.Inherit = sm.TTL, sm.ExpiresAt, sm.ExpiresAtRaw, true
+		}
+		m.SrcID, m.ForkFrom, m.ForkSub = sm.ID, o.ForkFrom, o.ForkSubOffset
+		m.Base, m.Tail, m.Pruned = at, at, at
+	}
+	if m.ContentType == "" {
+		m.ContentType = defaultContentType
+	}
+	id, err := b.metas.NextSequence()
+	if err != nil {
+		return err
+	}
+	m.ID = id
+	nws := &wstream{m: m, dirty: true}
+	b.streams[id] = nws
+	if err := b.names.Put([]byte(r.name), key8(id)); err != nil {
+		return err
+	}
+	if _, err := b.recBucket(nws); err != nil {
+		return err
+	}
+	if src != nil {
+		src.m.Forks++
+		src.dirty = true
+	}
+	if err := b.appendRecords(nws, prefix); err != nil {
+		return err
+	}
+	if err := b.appendRecords(nws, o.Records); err != nil {
+		return err
+	}
+	nws.m.Closed = o.Closed
+	b.notify = append(b.notify, id)
+	r.info, r.created = nws.m.info(), true
+	return nil
+}
+
+// subPrefix returns the fork prefix of sub records (JSON) or bytes of the
+// append that starts right after position at in the chain of sm.
+func (b *batch1) subPrefix(sm *meta, at uint64, sub int64) ([][]byte, error) {
+	segs, err := chain(sm, b.metaByID)
+	if err != nil {
+		return nil, err
+	}
+	var recs [][]byte
+	var total int64
+	err = scan(b.tx, segs, at, func(pos uint64, v []byte) bool {
+		data, start, _ := recordData(v)
+		if start && len(recs) > 0 {
+			return false
+		}
+		recs = append(recs, data)
+		total += int64(len(data))
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(recs) == 0 {
+		return nil, fmt.Errorf("%w: fork sub-offset %d with no append after the fork offset", ErrBadRequest, sub)
+	}
+	if isJSON(sm.ContentType) {
+		if sub > int64(len(recs)) {
+			return nil, fmt.Errorf("%w: fork sub-offset %d exceeds the append's %d messages", ErrBadRequest, sub, len(recs))
+		}
+		out := make([][]byte, sub)
+		for i := range out {
+			out[i] = append([]byte(nil), recs[i]...)
+		}
+		return out, nil
+	}
+	if sub > total {
+		return nil, fmt.Errorf("%w: fork sub-offset %d exceeds the append's %d bytes", ErrBadRequest, sub, total)
+	}
+	p := make([]byte, 0, sub)
+	for _, d := range recs {
+		p = append(p, d[:min(int64(len(d)), sub-int64(len(p)))]...)
+		if int64(len(p)) == sub {
+			break
+		}
+	}
+	return [][]byte{p}, nil
+}
+
+// sameConfig reports whether Create options o describe the existing m.
+func (b *batch1) sameConfig(m *meta, o *CreateOptions) bool {
+	ct := o.ContentType
+	if ct == "" {
+		ct = defaultContentType
+		if o.ForkFrom != "" {
+			ct = m.ContentType
+		}
+	}
+	if NormalizeContentType(ct) != NormalizeContentType(m.ContentType) {
+		return false
+	}
+	if m.Inherit {
+		if o.TTL != 0 || !o.ExpiresAt.IsZero() {
+			return false
+		}
+	} else if o.TTL != m.TTL || !o.ExpiresAt.Equal(m.ExpiresAt) {
+		return false
+	}
+	if o.Closed != m.Closed || o.ForkFrom != m.ForkFrom || o.ForkSubOffset != m.ForkSub {
+		return false
+	}
+	if m.SrcID == 0 {
+		return o.ForkOffset == ""
+	}
+	if o.ForkOffset == "" {
+		if m.ForkDefault {
+			return true
+		}
+		src, err := b.byID(m.SrcID)
+		return err == nil && src != nil && src.m.Tail == m.Base
+	}
+	at, err := ParseOffset(o.ForkOffset)
+	return err == nil && at == m.Base
+}
