@@ -34,7 +34,7 @@ type meta struct {
 	SrcID       uint64 `json:"src,omitzero"` // fork source's id
 	ForkFrom    string `json:"ff,omitzero"`
 	ForkSub     int64  `json:"fsub,omitzero"`
-	ForkDefault bool   `json:"fdef,omitzero"` // created without an explicit fork offset
+	ForkDefault bool   `json:"fdef,omitzero"`  // created without an explicit fork offset
 	Forks       int    `json:"forks,omitzero"` // live forks referencing this stream
 	Deleted     bool   `json:"del,omitzero"`   // soft-deleted: kept for its forks
 
