@@ -1,8 +1,230 @@
 package gateway
 
-import "net/http"
+// The Durable Streams HTTP API (docs/streams-http.md): every path under
+// /v1/stream/ names a stream of s.cfg.Log. This file routes requests and
+// owns the headers and error responses they share; streamhttp_read.go
+// serves GET and HEAD (catch-up, long-poll, SSE) and streamhttp_write.go
+// serves PUT, POST and DELETE.
+//
+// Every response, errors included, carries the CORS and browser security
+// headers. Every refused request gets a 4xx with a one-line plain-text body
+// that says what is wrong and how to fix it, and leaves the stream as it
+// was: requests are validated whole before the log is called, and the log
+// applies an append or a create atomically.
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/syncgate/syncgate/storage"
+)
+
+// streamPrefix is where the stream API is mounted; the rest of the path is
+// the stream's name.
+const streamPrefix = "/v1/stream/"
+
+// maxStreamNameBytes bounds a stream name (after unescaping).
+const maxStreamNameBytes = 1024
+
+// Protocol headers, in canonical form.
+const (
+	hdrNextOffset    = "Stream-Next-Offset"
+	hdrUpToDate      = "Stream-Up-To-Date"
+	hdrClosed        = "Stream-Closed"
+	hdrCursor        = "Stream-Cursor"
+	hdrSeq           = "Stream-Seq"
+	hdrTTL           = "Stream-Ttl" // canonical form of Stream-TTL
+	hdrExpiresAt     = "Stream-Expires-At"
+	hdrForkedFrom    = "Stream-Forked-From"
+	hdrForkOffset    = "Stream-Fork-Offset"
+	hdrForkSubOffset = "Stream-Fork-Sub-Offset"
+	hdrSSEEncoding   = "Stream-Sse-Data-Encoding"
+	hdrProducerID    = "Producer-Id"
+	hdrProducerEpoch = "Producer-Epoch"
+	hdrProducerSeq   = "Producer-Seq"
+	hdrExpectedSeq   = "Producer-Expected-Seq"
+	hdrReceivedSeq   = "Producer-Received-Seq"
+)
+
+// CORS lists. Browsers compare header names case-insensitively.
+const (
+	corsAllowMethods  = "GET, HEAD, POST, PUT, DELETE, OPTIONS"
+	corsAllowHeaders  = "Content-Type, Authorization, If-None-Match, Stream-Seq, Stream-TTL, Stream-Expires-At, Stream-Closed, Producer-Id, Producer-Epoch, Producer-Seq, Stream-Forked-From, Stream-Fork-Offset, Stream-Fork-Sub-Offset"
+	corsExposeHeaders = "Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, Stream-TTL, Stream-Expires-At, Stream-SSE-Data-Encoding, Producer-Epoch, Producer-Seq, Producer-Expected-Seq, Producer-Received-Seq, ETag, Content-Type, Location"
+)
 
 // streamHandler serves the Durable Streams protocol over s.cfg.Log.
 func (s *Server) streamHandler() http.Handler {
-	return http.NotFoundHandler()
+	return http.HandlerFunc(s.serveStream)
+}
+
+// serveStream sets the headers every response carries and dispatches on
+// the method.
+func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Cross-Origin-Resource-Policy", "cross-origin")
+	h.Set("Access-Control-Allow-Origin", "*")
+	h.Set("Access-Control-Expose-Headers", corsExposeHeaders)
+
+	if r.Method == http.MethodOptions {
+		h.Set("Access-Control-Allow-Methods", corsAllowMethods)
+		h.Set("Access-Control-Allow-Headers", corsAllowHeaders)
+		h.Set("Access-Control-Max-Age", "86400")
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	name, err := streamName(r.URL.EscapedPath())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	switch r.Method {
+	case http.MethodGet:
+		s.serveRead(w, r, name)
+	case http.MethodHead:
+		s.serveHead(w, r, name)
+	case http.MethodPut:
+		s.serveCreate(w, r, name)
+	case http.MethodPost:
+		s.serveAppend(w, r, name)
+	case http.MethodDelete:
+		s.serveDelete(w, r, name)
+	default:
+		h.Set("Allow", corsAllowMethods)
+		s.fail(w, r, &requestError{http.StatusMethodNotAllowed,
+			fmt.Sprintf("method %s is not supported on a stream: use GET, HEAD, POST, PUT or DELETE", r.Method)})
+	}
+}
+
+// streamName returns the stream named by an escaped request path (or a
+// Stream-Forked-From path): everything after /v1/stream/, unescaped once,
+// so a name may contain '/' and an escaped "%2F" stays distinct from it.
+func streamName(escapedPath string) (string, error) {
+	rest, ok := strings.CutPrefix(escapedPath, streamPrefix)
+	if !ok {
+		return "", badRequest("the path must start with %s followed by the stream name", streamPrefix)
+	}
+	name, err := url.PathUnescape(rest)
+	switch {
+	case err != nil:
+		return "", badRequest("the stream name is not a valid escaped URL path: %v", err)
+	case name == "":
+		return "", badRequest("missing stream name: use %s<name>", streamPrefix)
+	case len(name) > maxStreamNameBytes:
+		return "", badRequest("the stream name is %d bytes long: the limit is %d", len(name), maxStreamNameBytes)
+	case !utf8.ValidString(name):
+		return "", badRequest("the stream name is not valid UTF-8")
+	case strings.ContainsFunc(name, isControl):
+		return "", badRequest("the stream name contains a control character: remove it")
+	case name == "__ds" || strings.HasPrefix(name, "__ds/"):
+		return "", &requestError{http.StatusNotFound, "names under __ds/ are reserved for protocol extensions this server does not implement"}
+	}
+	return name, nil
+}
+
+func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
+
+// requestError is a refused request: its status and the message sent as
+// the response body.
+type requestError struct {
+	status int
+	msg    string
+}
+
+func (e *requestError) Error() string { return e.msg }
+
+func badRequest(format string, args ...any) *requestError {
+	return &requestError{http.StatusBadRequest, fmt.Sprintf(format, args...)}
+}
+
+// fail writes err as an error response. err is a *requestError or an
+// error from s.cfg.Log (see package storage), mapped to its status with
+// the headers the protocol names for it. Server-side failures are logged.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	h := w.Header()
+	var (
+		reqErr  *requestError
+		closed  *storage.ClosedError
+		prodErr *storage.ProducerError
+		status  int
+		msg     string
+	)
+	switch {
+	case errors.As(err, &reqErr):
+		status, msg = reqErr.status, reqErr.msg
+	case errors.As(err, &closed):
+		h.Set(hdrClosed, "true")
+		h.Set(hdrNextOffset, closed.Tail)
+		status, msg = http.StatusConflict, "the stream is closed: it accepts no more data"
+	case errors.As(err, &prodErr):
+		switch prodErr.Kind {
+		case storage.KindFenced:
+			h.Set(hdrProducerEpoch, strconv.FormatInt(prodErr.CurrentEpoch, 10))
+			status = http.StatusForbidden
+			msg = fmt.Sprintf("stale Producer-Epoch: this producer is at epoch %d; a restarted producer must use a higher epoch with Producer-Seq 0", prodErr.CurrentEpoch)
+		case storage.KindGap:
+			h.Set(hdrExpectedSeq, strconv.FormatInt(prodErr.ExpectedSeq, 10))
+			h.Set(hdrReceivedSeq, strconv.FormatInt(prodErr.ReceivedSeq, 10))
+			status = http.StatusConflict
+			msg = fmt.Sprintf("Producer-Seq gap: expected %d, received %d; send the missing batches first", prodErr.ExpectedSeq, prodErr.ReceivedSeq)
+		default:
+			status = http.StatusBadRequest
+			msg = fmt.Sprintf("a new Producer-Epoch must start at Producer-Seq 0, received %d", prodErr.ReceivedSeq)
+		}
+	case errors.Is(err, storage.ErrNotFound):
+		status, msg = http.StatusNotFound, "stream not found: create it with PUT"
+	case errors.Is(err, storage.ErrGone):
+		status, msg = http.StatusGone, "gone: the stream was deleted (its forks still read its data), or the offset is older than what the stream retains"
+	case errors.Is(err, storage.ErrConflict):
+		status, msg = http.StatusConflict, "the stream exists with another configuration (content type, TTL, Expires-At, closed state or fork): PUT the same headers, or use another name"
+	case errors.Is(err, storage.ErrContentType):
+		status, msg = http.StatusConflict, "Content-Type does not match the stream's: send the content type the stream was created with"
+	case errors.Is(err, storage.ErrStreamSeq):
+		status, msg = http.StatusConflict, "Stream-Seq must be greater (byte-wise) than the last one accepted on this stream"
+	case errors.Is(err, storage.ErrBadRequest):
+		status, msg = http.StatusBadRequest, "bad request: "+strings.TrimPrefix(err.Error(), "storage: ")
+	case errors.Is(err, storage.ErrTooLarge):
+		status, msg = http.StatusRequestEntityTooLarge, "the append is larger than the stream log accepts: split it into smaller appends"
+	case errors.Is(err, storage.ErrFailed), errors.Is(err, storage.ErrClosedDB):
+		status, msg = http.StatusServiceUnavailable, "the stream log is unavailable: retry later"
+	default:
+		status, msg = http.StatusInternalServerError, "internal error"
+	}
+	if status >= 500 {
+		s.log.Error("stream request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	// Headers a success would carry must not leak into the error.
+	h.Del("Etag")
+	h.Del("Cache-Control")
+	h.Del("Content-Length")
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = fmt.Fprintln(w, msg)
+}
+
+// mediaType is a content type's media type, lowercased and without
+// parameters: the form the protocol compares.
+func mediaType(ct string) string {
+	mt, _, _ := strings.Cut(ct, ";")
+	return strings.ToLower(strings.TrimSpace(mt))
+}
+
+// isJSON reports whether a stream of content type ct is in JSON mode.
+func isJSON(ct string) bool { return mediaType(ct) == "application/json" }
+
+// headerTrue reports whether header k is "true" (any case); any other
+// value counts as absent.
+func headerTrue(h http.Header, k string) bool { return strings.EqualFold(h.Get(k), "true") }
+
+// setClosed sets Stream-Closed: true when closed.
+func setClosed(h http.Header, closed bool) {
+	if closed {
+		h.Set(hdrClosed, "true")
+	}
 }

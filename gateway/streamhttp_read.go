@@ -1,0 +1,506 @@
+package gateway
+
+// Reads of the Durable Streams API: HEAD, and GET in its three modes
+// (catch-up, long-poll, SSE), plus what they share: the query, the body
+// rendering per content type, ETags and cursors.
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"hash/fnv"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/syncgate/syncgate/storage"
+)
+
+const (
+	// maxReadChunk bounds the record bytes of one read response or SSE
+	// data event (a single larger record still goes out whole). A response
+	// it cuts short carries neither Stream-Up-To-Date nor Stream-Closed.
+	maxReadChunk = 1 << 20
+
+	// maxOffsetLen bounds an offset in a query or header; real ones are 33
+	// bytes.
+	maxOffsetLen = 64
+
+	// sseLifetime bounds one SSE response, so that clients reconnect with
+	// their last offset now and then (PROTOCOL.md §8.2 suggests about 60s;
+	// it lets caches collapse readers and spreads readers over nodes).
+	sseLifetime = 60 * time.Second
+
+	// cursorInterval and cursorEpoch define Stream-Cursor: the number of
+	// whole intervals since the epoch (PROTOCOL.md §8.1).
+	cursorInterval = 20 * time.Second
+)
+
+var cursorEpoch = time.Date(2024, 10, 9, 0, 0, 0, 0, time.UTC)
+
+// Read modes (the live query parameter).
+const (
+	liveNone     = ""
+	liveLongPoll = "long-poll"
+	liveSSE      = "sse"
+)
+
+// offsetNow is the offset query value meaning "the tail".
+const offsetNow = "now"
+
+// readQuery is a GET's validated query.
+type readQuery struct {
+	after  string // the offset to read after; offsetNow for "now"
+	live   string // liveNone, liveLongPoll or liveSSE
+	cursor int64  // the client's cursor; -1 when absent or not a number
+}
+
+// parseReadQuery validates a GET's query string. Unknown parameters are
+// ignored; offset, live and cursor may appear at most once.
+func parseReadQuery(rawQuery string) (readQuery, error) {
+	q := readQuery{after: storage.ZeroOffset, cursor: -1}
+	vals, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return q, badRequest("malformed query string: %v", err)
+	}
+	for _, k := range []string{"offset", "live", "cursor"} {
+		if len(vals[k]) > 1 {
+			return q, badRequest("query parameter %q is given %d times: give it once", k, len(vals[k]))
+		}
+	}
+	offsets, hasOffset := vals["offset"]
+	if hasOffset {
+		off := offsets[0]
+		switch {
+		case off == "":
+			return q, badRequest("empty offset: use offset=-1 for the start, offset=now for the tail, or a Stream-Next-Offset value")
+		case off == "-1":
+		case off == offsetNow:
+			q.after = offsetNow
+		case !validOffsetSyntax(off):
+			return q, badRequest("malformed offset %.70q: use -1, now, or a Stream-Next-Offset value", off)
+		default:
+			q.after = off
+		}
+	}
+	q.live = vals.Get("live")
+	switch q.live {
+	case liveNone:
+	case liveLongPoll, liveSSE:
+		if !hasOffset {
+			return q, badRequest("live=%s needs an offset: use offset=-1, offset=now or a Stream-Next-Offset value", q.live)
+		}
+	default:
+		return q, badRequest("unknown live mode %.40q: use live=long-poll or live=sse, or omit it for a catch-up read", q.live)
+	}
+	if c, err := strconv.ParseInt(vals.Get("cursor"), 10, 64); err == nil && c >= 0 {
+		q.cursor = c
+	}
+	return q, nil
+}
+
+// validOffsetSyntax is the gateway's whitelist for offsets: short, digits
+// and '_' only. The log checks the exact form.
+func validOffsetSyntax(s string) bool {
+	if s == "" || len(s) > maxOffsetLen {
+		return false
+	}
+	for i := range len(s) {
+		if c := s[i]; (c < '0' || c > '9') && c != '_' {
+			return false
+		}
+	}
+	return true
+}
+
+// serveHead answers HEAD with the stream's metadata. It does not renew
+// the stream's TTL.
+func (s *Server) serveHead(w http.ResponseWriter, r *http.Request, name string) {
+	info, err := s.cfg.Log.Head(r.Context(), name)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", info.ContentType)
+	h.Set(hdrNextOffset, info.Tail)
+	h.Set("Cache-Control", "no-store")
+	if info.TTL > 0 {
+		h.Set(hdrTTL, strconv.FormatInt(int64(info.TTL/time.Second), 10))
+	}
+	switch {
+	case info.ExpiresAtRaw != "":
+		h.Set(hdrExpiresAt, info.ExpiresAtRaw)
+	case !info.ExpiresAt.IsZero():
+		h.Set(hdrExpiresAt, info.ExpiresAt.UTC().Format(time.RFC3339Nano))
+	}
+	setClosed(h, info.Closed)
+	w.WriteHeader(http.StatusOK)
+}
+
+// serveRead answers GET in the mode the query asks for.
+func (s *Server) serveRead(w http.ResponseWriter, r *http.Request, name string) {
+	q, err := parseReadQuery(r.URL.RawQuery)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	switch q.live {
+	case liveLongPoll:
+		s.serveLongPoll(w, r, name, q)
+	case liveSSE:
+		s.serveSSE(w, r, name, q)
+	default:
+		s.serveCatchUp(w, r, name, q)
+	}
+}
+
+// resolveNow replaces offset "now" by the stream's tail, and returns the
+// stream's metadata when it looked it up.
+func (s *Server) resolveNow(ctx context.Context, name string, q *readQuery) (*storage.Info, error) {
+	if q.after != offsetNow {
+		return nil, nil
+	}
+	info, err := s.cfg.Log.Head(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	q.after = info.Tail
+	return &info, nil
+}
+
+// serveCatchUp answers a GET without live: the records after the offset,
+// up to maxReadChunk, with an ETag that If-None-Match can match for a 304.
+// offset=now answers with no records and the tail.
+func (s *Server) serveCatchUp(w http.ResponseWriter, r *http.Request, name string, q readQuery) {
+	info, err := s.resolveNow(r.Context(), name, &q)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	// The read renews a sliding TTL, offset=now included.
+	res, err := s.cfg.Log.Read(r.Context(), name, q.after, maxReadChunk)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	h := w.Header()
+	if info != nil {
+		// offset=now: no data, whatever was appended since the lookup.
+		res.Records, res.Next, res.UpToDate, res.Closed = nil, info.Tail, true, info.Closed
+		h.Set("Cache-Control", "no-store")
+		writePage(w, http.StatusOK, res, renderBody(res))
+		return
+	}
+	body := renderBody(res)
+	etag := pageETag(q.after, res, body)
+	h.Set("Etag", etag)
+	if res.UpToDate || res.Closed {
+		// The same URL returns more once the stream grows: caches must
+		// revalidate (cheap, with the ETag).
+		h.Set("Cache-Control", "no-cache")
+	} else {
+		// A page cut short by the chunk limit never changes.
+		h.Set("Cache-Control", "public, max-age=60, stale-while-revalidate=300")
+	}
+	if etagMatches(r.Header.Get("If-None-Match"), etag) {
+		w.WriteHeader(http.StatusNotModified)
+		return
+	}
+	writePage(w, http.StatusOK, res, body)
+}
+
+// serveLongPoll answers a GET with live=long-poll: the records after the
+// offset as soon as there are any, else 204 after s.cfg.LongPollTimeout
+// (at once for a closed stream at its end). Both carry Stream-Cursor.
+func (s *Server) serveLongPoll(w http.ResponseWriter, r *http.Request, name string, q readQuery) {
+	if _, err := s.resolveNow(r.Context(), name, &q); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	extendWriteDeadline(w, s.cfg.LongPollTimeout+s.cfg.WriteTimeout)
+	waitCtx, cancel := s.liveContext(r.Context(), s.cfg.LongPollTimeout)
+	defer cancel()
+
+	h := w.Header()
+	for {
+		res, err := s.cfg.Log.Read(r.Context(), name, q.after, maxReadChunk)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		h.Set(hdrCursor, s.cursor(q.cursor))
+		if len(res.Records) > 0 {
+			h.Set("Cache-Control", "no-cache")
+			writePage(w, http.StatusOK, res, renderBody(res))
+			return
+		}
+		if res.Closed {
+			writePage(w, http.StatusNoContent, res, nil)
+			return
+		}
+		err = s.cfg.Log.Wait(waitCtx, name, q.after)
+		switch {
+		case r.Context().Err() != nil:
+			return // the client left
+		case waitCtx.Err() != nil:
+			// Timed out (or the server is shutting down): nothing new.
+			// The offset stays the one asked for, so nothing appended in
+			// between is skipped.
+			res.UpToDate = true
+			h.Set("Cache-Control", "no-store")
+			writePage(w, http.StatusNoContent, res, nil)
+			return
+		case err != nil:
+			s.fail(w, r, err)
+			return
+		}
+	}
+}
+
+// liveContext returns a context for a live read's wait: it ends after d,
+// with the request, or when the server shuts down.
+func (s *Server) liveContext(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(parent, d)
+	stop := context.AfterFunc(s.baseCtx, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// extendWriteDeadline lets a live response outlast the http.Server's
+// WriteTimeout: the deadline becomes now+d.
+func extendWriteDeadline(w http.ResponseWriter, d time.Duration) {
+	// ErrNotSupported (a wrapped or test ResponseWriter) leaves the
+	// server's own deadline, which is all that can be done.
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(d))
+}
+
+// writePage writes the headers of a read response for res, then body.
+func writePage(w http.ResponseWriter, status int, res storage.ReadResult, body []byte) {
+	h := w.Header()
+	h.Set(hdrNextOffset, res.Next)
+	if res.UpToDate {
+		h.Set(hdrUpToDate, "true")
+	}
+	setClosed(h, res.Closed)
+	if status == http.StatusNoContent {
+		w.WriteHeader(status)
+		return
+	}
+	h.Set("Content-Type", res.ContentType)
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// renderBody is the response body for res's records: a JSON array of the
+// messages for a JSON-mode stream, else the records' bytes back to back.
+func renderBody(res storage.ReadResult) []byte {
+	if isJSON(res.ContentType) {
+		return appendJSONArray(nil, res.Records)
+	}
+	n := 0
+	for _, rec := range res.Records {
+		n += len(rec.Data)
+	}
+	body := make([]byte, 0, n)
+	for _, rec := range res.Records {
+		body = append(body, rec.Data...)
+	}
+	return body
+}
+
+// appendJSONArray appends the records, each one JSON message, as a JSON
+// array.
+func appendJSONArray(b []byte, recs []storage.Record) []byte {
+	b = append(b, '[')
+	for i, rec := range recs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, rec.Data...)
+	}
+	return append(b, ']')
+}
+
+// pageETag identifies a read response: its offset range, a hash of its
+// body (so a stream deleted and created again never matches an old tag)
+// and whether it ends a closed stream.
+func pageETag(start string, res storage.ReadResult, body []byte) string {
+	sum := fnv.New64a()
+	_, _ = sum.Write(body)
+	var b strings.Builder
+	b.WriteString(`"`)
+	b.WriteString(start)
+	b.WriteString(":")
+	b.WriteString(res.Next)
+	b.WriteString(":")
+	b.WriteString(hex.EncodeToString(sum.Sum(nil)))
+	if res.Closed {
+		b.WriteString(":c")
+	}
+	b.WriteString(`"`)
+	return b.String()
+}
+
+// etagMatches reports whether an If-None-Match value matches etag
+// (RFC 9110 §13.1.2: weak comparison, a list, or "*").
+func etagMatches(ifNoneMatch, etag string) bool {
+	if ifNoneMatch == "" {
+		return false
+	}
+	for v := range strings.SplitSeq(ifNoneMatch, ",") {
+		v = strings.TrimSpace(v)
+		if v == "*" || strings.TrimPrefix(v, "W/") == etag {
+			return true
+		}
+	}
+	return false
+}
+
+// cursor returns the Stream-Cursor for a live response to a client that
+// sent clientCursor (-1 for none): the current interval number, or, when
+// the client is already there, a later one with jitter, so that a cached
+// response is never served again to the same client (PROTOCOL.md §8.1).
+func (s *Server) cursor(clientCursor int64) string {
+	c := int64(s.cfg.Now().Sub(cursorEpoch) / cursorInterval)
+	if clientCursor >= c {
+		// 1 to 3600 seconds ahead, in whole intervals.
+		c = clientCursor + 1 + rand.Int64N(int64(time.Hour/cursorInterval))
+	}
+	return strconv.FormatInt(c, 10)
+}
+
+// sseControl is the payload of an SSE control event.
+type sseControl struct {
+	NextOffset string `json:"streamNextOffset"`
+	Cursor     string `json:"streamCursor,omitempty"`
+	UpToDate   bool   `json:"upToDate,omitempty"`
+	Closed     bool   `json:"streamClosed,omitempty"`
+}
+
+// serveSSE answers a GET with live=sse: a text/event-stream of data
+// events, each followed by a control event with the offset after it, then
+// live data as it is appended. Idle for s.cfg.LongPollTimeout, it sends a
+// keep-alive control event. It ends at the closed stream's end, after
+// sseLifetime, or at shutdown; the client reconnects from its last offset.
+func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, name string, q readQuery) {
+	if _, err := s.resolveNow(r.Context(), name, &q); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	res, err := s.cfg.Log.Read(r.Context(), name, q.after, maxReadChunk)
+	if err != nil {
+		s.fail(w, r, err) // still before any SSE header
+		return
+	}
+	ct := mediaType(res.ContentType)
+	binary := !strings.HasPrefix(ct, "text/") && ct != "application/json"
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	if binary {
+		h.Set(hdrSSEEncoding, "base64")
+	}
+	rc := http.NewResponseController(w)
+	w.WriteHeader(http.StatusOK)
+
+	life, cancel := s.liveContext(r.Context(), sseLifetime)
+	defer cancel()
+	var buf bytes.Buffer
+	for first := true; ; first = false {
+		buf.Reset()
+		if len(res.Records) > 0 {
+			appendSSEData(&buf, res, binary)
+		}
+		if len(res.Records) > 0 || first || res.Closed {
+			s.appendSSEControl(&buf, res, q.cursor)
+		}
+		if err := s.writeSSE(w, rc, buf.Bytes()); err != nil || res.Closed {
+			return
+		}
+		q.after = res.Next
+		for res.UpToDate {
+			// Caught up: wait for more, with a keep-alive when idle.
+			waitCtx, stop := context.WithTimeout(life, s.cfg.LongPollTimeout)
+			err := s.cfg.Log.Wait(waitCtx, name, q.after)
+			idle := waitCtx.Err() != nil
+			stop()
+			switch {
+			case life.Err() != nil:
+				return
+			case idle:
+				buf.Reset()
+				s.appendSSEControl(&buf, storage.ReadResult{Next: q.after, UpToDate: true}, q.cursor)
+				if s.writeSSE(w, rc, buf.Bytes()) != nil {
+					return
+				}
+				continue
+			case err != nil:
+				// Deleted or expired: end the response; the client's
+				// reconnect gets the status.
+				return
+			}
+			break
+		}
+		if res, err = s.cfg.Log.Read(life, name, q.after, maxReadChunk); err != nil {
+			return
+		}
+	}
+}
+
+// writeSSE writes and flushes one or more whole events, each write under
+// its own deadline.
+func (s *Server) writeSSE(w http.ResponseWriter, rc *http.ResponseController, events []byte) error {
+	_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+	if _, err := w.Write(events); err != nil {
+		return err
+	}
+	return rc.Flush()
+}
+
+// appendSSEData appends one data event carrying res's records: a JSON
+// array for a JSON-mode stream, the text for text/*, else base64. Each
+// line of the payload goes on its own data: line; CR, LF and CRLF all end
+// a line, so a payload can never start an event of its own.
+func appendSSEData(buf *bytes.Buffer, res storage.ReadResult, binary bool) {
+	payload := renderBody(res)
+	if binary {
+		payload = base64.StdEncoding.AppendEncode(nil, payload)
+	}
+	buf.WriteString("event: data\n")
+	for {
+		i := bytes.IndexAny(payload, "\r\n")
+		if i < 0 {
+			break
+		}
+		buf.WriteString("data:")
+		buf.Write(payload[:i])
+		buf.WriteByte('\n')
+		if payload[i] == '\r' && i+1 < len(payload) && payload[i+1] == '\n' {
+			i++
+		}
+		payload = payload[i+1:]
+	}
+	buf.WriteString("data:")
+	buf.Write(payload)
+	buf.WriteString("\n\n")
+}
+
+// appendSSEControl appends a control event for res: the offset to resume
+// from, a cursor unless the stream is closed, and the up-to-date and
+// closed flags.
+func (s *Server) appendSSEControl(buf *bytes.Buffer, res storage.ReadResult, clientCursor int64) {
+	c := sseControl{NextOffset: res.Next, UpToDate: res.UpToDate, Closed: res.Closed}
+	if !res.Closed {
+		c.Cursor = s.cursor(clientCursor)
+	}
+	b, _ := json.Marshal(c) // strings and bools always encode
+	buf.WriteString("event: control\ndata:")
+	buf.Write(b)
+	buf.WriteString("\n\n")
+}

@@ -1,0 +1,407 @@
+package gateway
+
+// Writes of the Durable Streams API: PUT (create, fork), POST (append,
+// close) and DELETE, with the validation of their headers and bodies.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"mime"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/syncgate/syncgate/storage"
+)
+
+const (
+	// maxDrainBytes bounds how much of a refused (413) body is read and
+	// discarded so that the client sees the response rather than a reset
+	// connection. Beyond it the connection is closed.
+	maxDrainBytes = 64 << 20
+
+	// maxStreamSeqBytes and maxProducerIDBytes bound those headers.
+	maxStreamSeqBytes  = 1024
+	maxProducerIDBytes = 256
+
+	// maxSafeInteger is the largest Producer-Epoch or Producer-Seq: 2^53-1,
+	// so that JavaScript clients represent them exactly.
+	maxSafeInteger = 1<<53 - 1
+)
+
+// decimalRe is the form of Stream-TTL and Stream-Fork-Sub-Offset: a
+// decimal integer without sign or leading zeros.
+var decimalRe = regexp.MustCompile(`^(0|[1-9][0-9]*)$`)
+
+// serveCreate answers PUT: it creates the stream (201 with Location), or
+// finds it with the same configuration (200), or refuses (409).
+func (s *Server) serveCreate(w http.ResponseWriter, r *http.Request, name string) {
+	ctx := r.Context()
+	opts, err := s.parseCreateHeaders(r.Header)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	body, err := s.readBody(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if opts.ContentType == "" {
+		opts.ContentType = "application/octet-stream"
+		if opts.ForkFrom != "" {
+			// A fork without Content-Type takes its source's.
+			src, err := s.cfg.Log.Head(ctx, opts.ForkFrom)
+			if err != nil {
+				s.fail(w, r, forkSourceError(err))
+				return
+			}
+			opts.ContentType = src.ContentType
+		}
+	}
+	if opts.Records, err = splitRecords(opts.ContentType, body, true); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	info, created, err := s.cfg.Log.Create(ctx, name, opts)
+	if err != nil {
+		if opts.ForkFrom != "" {
+			err = forkSourceError(err)
+		} else if errors.Is(err, storage.ErrGone) {
+			err = &requestError{http.StatusConflict, "a deleted stream that still has forks holds this name: delete its forks first, or use another name"}
+		}
+		s.fail(w, r, err)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", info.ContentType)
+	h.Set(hdrNextOffset, info.Tail)
+	setClosed(h, info.Closed)
+	if !created {
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	h.Set("Location", scheme+"://"+r.Host+r.URL.EscapedPath())
+	w.WriteHeader(http.StatusCreated)
+}
+
+// forkSourceError maps the errors of a fork's creation that concern its
+// source: a soft-deleted source cannot be forked (409).
+func forkSourceError(err error) error {
+	if errors.Is(err, storage.ErrGone) {
+		return &requestError{http.StatusConflict, "the Stream-Forked-From source was deleted: it can no longer be forked"}
+	}
+	if errors.Is(err, storage.ErrNotFound) {
+		return &requestError{http.StatusNotFound, "stream not found: the Stream-Forked-From source (or the stream) does not exist"}
+	}
+	return err
+}
+
+// parseCreateHeaders validates a PUT's headers into create options
+// (without records).
+func (s *Server) parseCreateHeaders(h http.Header) (storage.CreateOptions, error) {
+	o := storage.CreateOptions{Closed: headerTrue(h, hdrClosed)}
+	var err error
+	if o.ContentType, err = contentType(h); err != nil {
+		return o, err
+	}
+	ttl, hasTTL := h[hdrTTL]
+	exp, hasExp := h[hdrExpiresAt]
+	switch {
+	case hasTTL && hasExp:
+		return o, badRequest("Stream-TTL and Stream-Expires-At are exclusive: send one of them")
+	case hasTTL:
+		v := ttl[0]
+		n, err := strconv.ParseInt(v, 10, 64)
+		switch {
+		case !decimalRe.MatchString(v):
+			return o, badRequest("malformed Stream-TTL %.40q: give whole seconds, e.g. 3600 (no sign, leading zeros, fraction or exponent)", v)
+		case err != nil || n > math.MaxInt64/int64(time.Second):
+			return o, badRequest("Stream-TTL %.40q is too large: give at most %d seconds", v, math.MaxInt64/int64(time.Second))
+		case n == 0:
+			return o, badRequest("Stream-TTL 0 would expire the stream at once: give at least 1 second, or omit it for no expiry")
+		}
+		o.TTL = time.Duration(n) * time.Second
+	case hasExp:
+		v := exp[0]
+		t, err := time.Parse(time.RFC3339Nano, v)
+		switch {
+		case err != nil:
+			return o, badRequest("malformed Stream-Expires-At %.60q: give an RFC 3339 timestamp, e.g. 2030-01-01T00:00:00Z", v)
+		case !t.After(s.cfg.Now()):
+			return o, badRequest("Stream-Expires-At %.60q is in the past: give a future instant", v)
+		}
+		o.ExpiresAt, o.ExpiresAtRaw = t, v
+	}
+
+	from, hasFrom := h[hdrForkedFrom]
+	off, hasOff := h[hdrForkOffset]
+	sub, hasSub := h[hdrForkSubOffset]
+	if !hasFrom {
+		if hasOff || hasSub {
+			return o, badRequest("Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From: name the source stream")
+		}
+		return o, nil
+	}
+	if o.ForkFrom, err = forkSource(from[0]); err != nil {
+		return o, err
+	}
+	if hasOff {
+		if !validOffsetSyntax(off[0]) {
+			return o, badRequest("malformed Stream-Fork-Offset %.70q: give a Stream-Next-Offset value of the source, or omit it to fork at the tail", off[0])
+		}
+		o.ForkOffset = off[0]
+	}
+	if hasSub {
+		v := sub[0]
+		n, err := strconv.ParseInt(v, 10, 64)
+		if !decimalRe.MatchString(v) || err != nil {
+			return o, badRequest("malformed Stream-Fork-Sub-Offset %.40q: give a count without sign or leading zeros, e.g. 3", v)
+		}
+		o.ForkSubOffset = n
+	}
+	return o, nil
+}
+
+// forkSource returns the stream a Stream-Forked-From value names: its
+// path (/v1/stream/<name>) or an absolute URL with that path.
+func forkSource(v string) (string, error) {
+	u, err := url.Parse(v)
+	if err == nil {
+		var name string
+		if name, err = streamName(u.EscapedPath()); err == nil {
+			return name, nil
+		}
+	}
+	return "", badRequest("malformed Stream-Forked-From %.80q: give the source stream's path, e.g. %ssource (%v)", v, streamPrefix, err)
+}
+
+// contentType returns the request's Content-Type ("" when absent), which
+// must be a well-formed media type.
+func contentType(h http.Header) (string, error) {
+	ct := h.Get("Content-Type")
+	if ct == "" {
+		return "", nil
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil || !strings.Contains(mt, "/") {
+		return "", badRequest("malformed Content-Type %.80q: give a media type such as text/plain or application/json", ct)
+	}
+	return ct, nil
+}
+
+// serveAppend answers POST: an append (204, or 200 for a producer's new
+// batch), a close (Stream-Closed: true, with or without a body), or a
+// producer's retry (204, nothing written).
+func (s *Server) serveAppend(w http.ResponseWriter, r *http.Request, name string) {
+	req, err := parseAppendHeaders(r.Header)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	body, err := s.readBody(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	switch {
+	case len(body) == 0 && !req.Close:
+		s.fail(w, r, badRequest("empty body: an append needs data (to close the stream, send Stream-Closed: true)"))
+		return
+	case len(body) == 0:
+		// Close-only: the content type does not matter.
+		req.ContentType = ""
+	case req.ContentType == "":
+		s.fail(w, r, badRequest("missing Content-Type: send the stream's content type with the data"))
+		return
+	default:
+		if req.Records, err = splitRecords(req.ContentType, body, false); err != nil {
+			s.fail(w, r, s.explainBodyError(r.Context(), name, req.ContentType, err))
+			return
+		}
+	}
+	res, err := s.cfg.Log.Append(r.Context(), name, req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	h := w.Header()
+	h.Set(hdrNextOffset, res.Offset)
+	setClosed(h, res.Closed)
+	status := http.StatusNoContent
+	if req.Producer != nil {
+		h.Set(hdrProducerEpoch, strconv.FormatInt(res.Epoch, 10))
+		h.Set(hdrProducerSeq, strconv.FormatInt(res.Seq, 10))
+		if !res.Duplicate && len(req.Records) > 0 {
+			status = http.StatusOK // a producer's new data
+		}
+	}
+	w.WriteHeader(status)
+}
+
+// explainBodyError returns the error for a body that splitRecords refused
+// (bodyErr), unless the request fails for a reason the protocol ranks
+// first: the stream is missing or gone, closed, or of another content
+// type. Only a refused body costs this extra lookup.
+func (s *Server) explainBodyError(ctx context.Context, name, ct string, bodyErr error) error {
+	info, err := s.cfg.Log.Head(ctx, name)
+	switch {
+	case err != nil:
+		return err
+	case info.Closed:
+		return &storage.ClosedError{Tail: info.Tail}
+	case mediaType(info.ContentType) != mediaType(ct):
+		return storage.ErrContentType
+	}
+	return bodyErr
+}
+
+// parseAppendHeaders validates a POST's headers into an append request
+// (without records).
+func parseAppendHeaders(h http.Header) (storage.AppendRequest, error) {
+	req := storage.AppendRequest{Close: headerTrue(h, hdrClosed)}
+	var err error
+	if req.ContentType, err = contentType(h); err != nil {
+		return req, err
+	}
+	if seq, ok := h[hdrSeq]; ok {
+		switch v := seq[0]; {
+		case v == "":
+			return req, badRequest("empty Stream-Seq: give a value greater than the last one, or omit the header")
+		case len(v) > maxStreamSeqBytes:
+			return req, badRequest("Stream-Seq is %d bytes long: the limit is %d", len(v), maxStreamSeqBytes)
+		default:
+			req.StreamSeq = v
+		}
+	}
+	req.Producer, err = parseProducer(h)
+	return req, err
+}
+
+// parseProducer returns the producer named by the Producer-* headers, nil
+// when there are none.
+func parseProducer(h http.Header) (*storage.Producer, error) {
+	var missing []string
+	for _, k := range []string{hdrProducerID, hdrProducerEpoch, hdrProducerSeq} {
+		if _, ok := h[k]; !ok {
+			missing = append(missing, k)
+		}
+	}
+	switch len(missing) {
+	case 3:
+		return nil, nil
+	case 0:
+	default:
+		return nil, badRequest("Producer-Id, Producer-Epoch and Producer-Seq go together: missing %s", strings.Join(missing, ", "))
+	}
+	p := &storage.Producer{ID: h.Get(hdrProducerID)}
+	switch {
+	case p.ID == "":
+		return nil, badRequest("empty Producer-Id: name the producer, e.g. with a UUID")
+	case len(p.ID) > maxProducerIDBytes:
+		return nil, badRequest("Producer-Id is %d bytes long: the limit is %d", len(p.ID), maxProducerIDBytes)
+	}
+	var err error
+	if p.Epoch, err = producerNumber(h, hdrProducerEpoch); err != nil {
+		return nil, err
+	}
+	if p.Seq, err = producerNumber(h, hdrProducerSeq); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// producerNumber parses Producer-Epoch or Producer-Seq: a decimal integer
+// from 0 to 2^53-1.
+func producerNumber(h http.Header, k string) (int64, error) {
+	v := h.Get(k)
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil || n > maxSafeInteger || strings.HasPrefix(v, "+") {
+		return 0, badRequest("malformed %s %.40q: give a decimal integer from 0 to %d", k, v, int64(maxSafeInteger))
+	}
+	return int64(n), nil
+}
+
+// readBody reads the request body, up to s.cfg.MaxAppendBytes; a larger
+// one is drained (within limits) and refused with 413.
+func (s *Server) readBody(r *http.Request) ([]byte, error) {
+	limit := s.cfg.MaxAppendBytes
+	tooLarge := &requestError{http.StatusRequestEntityTooLarge,
+		fmt.Sprintf("the body is larger than %d bytes: split it into smaller appends", limit)}
+	if r.ContentLength > limit {
+		_, _ = io.CopyN(io.Discard, r.Body, maxDrainBytes)
+		return nil, tooLarge
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		return nil, badRequest("reading the body: %v", err)
+	}
+	if int64(len(body)) > limit {
+		_, _ = io.CopyN(io.Discard, r.Body, maxDrainBytes)
+		return nil, tooLarge
+	}
+	return body, nil
+}
+
+// splitRecords turns a request body into the stream's records. For a
+// JSON-mode content type the body must be one JSON value: an array is
+// flattened one level into messages, anything else is one message, and
+// each is stored compacted. An empty array (or body) means no records,
+// which only a PUT may send. Other content types take the body as one
+// record.
+func splitRecords(ct string, body []byte, put bool) ([][]byte, error) {
+	if !isJSON(ct) {
+		if len(body) == 0 {
+			return nil, nil
+		}
+		return [][]byte{body}, nil
+	}
+	if len(body) == 0 && put {
+		return nil, nil
+	}
+	var v json.RawMessage
+	if err := json.Unmarshal(body, &v); err != nil {
+		return nil, badRequest("the body is not valid JSON (%v): a JSON stream takes one JSON value, an array of messages or a single message", err)
+	}
+	if !utf8.Valid(body) {
+		return nil, badRequest("the JSON body is not valid UTF-8")
+	}
+	msgs := []json.RawMessage{v}
+	if bytes.HasPrefix(v, []byte("[")) { // Unmarshal trimmed the whitespace.
+		msgs = nil
+		_ = json.Unmarshal(v, &msgs) // valid JSON, and an array
+		if len(msgs) == 0 && !put {
+			return nil, badRequest("empty JSON array: an append needs at least one message")
+		}
+	}
+	recs := make([][]byte, len(msgs))
+	for i, m := range msgs {
+		var b bytes.Buffer
+		_ = json.Compact(&b, m) // valid JSON
+		recs[i] = b.Bytes()
+	}
+	return recs, nil
+}
+
+// serveDelete answers DELETE: 204, and the stream is gone (a stream with
+// forks stays readable through them).
+func (s *Server) serveDelete(w http.ResponseWriter, r *http.Request, name string) {
+	if err := s.cfg.Log.Delete(r.Context(), name); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
