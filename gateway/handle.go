@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/syncgate/syncgate/frames"
+	"github.com/syncgate/syncgate/storage"
 )
 
 // maxClientIDLen bounds hello.clientId, which keys server memory.
@@ -135,6 +136,7 @@ func (s *session) handleFrameSubscribe(ctx context.Context, f *frames.Subscribe)
 		if err := s.srv.transport.Unsubscribe(ctx, sub.topic, sub); err != nil {
 			s.log().Warn("unsubscribe failed", "topic", sub.topic, "err", err)
 		}
+		sub.endPersisted() // a replay stops before the drop is acked
 		s.sendAck(f.SID, nil)
 		return
 	}
@@ -158,6 +160,14 @@ func (s *session) handleFrameSubscribe(ctx context.Context, f *frames.Subscribe)
 		return
 	}
 	sub := &subscription{s: s, sid: f.SID, topic: f.Target.Topic, prefix: frames.AppendPatchPrefix(nil, f.SID)}
+	if s.srv.persisted(sub.topic) {
+		if err := s.subscribePersisted(ctx, f, sub); err != nil {
+			s.sendError(s.logError(f.SID, "subscribe", sub.topic, err))
+			return
+		}
+		s.addSub(sub)
+		return
+	}
 	err := s.srv.subscribe(ctx, sub, func(tail string) {
 		// Runs under the topic's stripe lock: nothing is published to the
 		// topic until the ack and snapshot are queued.
@@ -168,19 +178,44 @@ func (s *session) handleFrameSubscribe(ctx context.Context, f *frames.Subscribe)
 		} else {
 			s.sendAck(f.SID, nil)
 		}
-		s.send(&frames.Snapshot{SID: f.SID, Rows: []json.RawMessage{}, Cursor: frames.Cursor{
-			QID: "topic:" + f.Target.Topic, LSN: tail, IDs: []string{}, At: s.srv.cfg.Now().UnixMilli(),
-		}})
+		s.sendSnapshot(f.SID, f.Target.Topic, tail)
 	})
 	if err != nil {
 		s.log().Warn("subscribe failed", "topic", f.Target.Topic, "err", err)
 		s.sendError(frames.NewError(frames.CodeInternal, f.SID, "the server could not subscribe", "retry later"))
 		return
 	}
+	s.addSub(sub)
+}
+
+func (s *session) addSub(sub *subscription) {
 	if s.subs == nil {
 		s.subs = map[string]*subscription{}
 	}
-	s.subs[f.SID] = sub
+	s.subs[sub.sid] = sub
+}
+
+// logError turns a failure of a persisted topic's log into the typed error
+// that answers ref, logging what is the server's fault.
+func (s *session) logError(ref, op, topic string, err error) *frames.Error {
+	var pe *storage.ProducerError
+	var ce *storage.ClosedError
+	switch {
+	case errors.As(err, &pe) && pe.Kind == storage.KindFenced:
+		return frames.NewError(frames.CodeEpochFenced, ref,
+			fmt.Sprintf("producer epoch %d is fenced in topic %s's log: epoch %d is current", s.epoch, quote(topic), pe.CurrentEpoch),
+			"this client was replaced by a newer instance; reconnect with a higher epoch if this one should win")
+	case errors.As(err, &ce):
+		return frames.NewError(frames.CodeBadTopic, ref, "topic "+quote(topic)+"'s stream was closed over the Durable Streams API",
+			"publish to another topic; a closed stream never accepts messages again")
+	case errors.Is(err, errNotJSONStream), errors.Is(err, storage.ErrConflict), errors.Is(err, storage.ErrGone):
+		return frames.NewError(frames.CodeBadTopic, ref, "topic "+quote(topic)+": "+err.Error(),
+			"persisted topics are JSON streams; use another topic name or recreate the stream as application/json")
+	case errors.Is(err, storage.ErrTooLarge):
+		return frames.NewError(frames.CodeBadInput, ref, "mutate.input.data is larger than the log accepts", "send smaller messages")
+	}
+	s.log().Warn(op+" on a persisted topic failed", "topic", topic, "err", err)
+	return frames.NewError(frames.CodeInternal, ref, "the server could not "+op+" on topic "+quote(topic), "retry the same frame later")
 }
 
 // publishInput reads the input of the built-in "publish" mutation,
@@ -224,6 +259,18 @@ func (s *session) mutate(ctx context.Context, f *frames.Mutate) outcome {
 	}
 	if err := validTopic(topic); err != nil {
 		o.err = frames.NewError(frames.CodeBadTopic, f.Key, "mutate.input.topic: "+err.Error(), topicFix)
+		return o
+	}
+	if s.srv.persisted(topic) {
+		var prod *storage.Producer
+		if s.clientID != "" {
+			prod = &storage.Producer{ID: s.clientID, Epoch: s.epoch, Seq: f.Seq, AllowGap: true}
+		}
+		lsn, err := s.srv.publishPersisted(ctx, topic, f.Key, prod, nil, data)
+		if err != nil {
+			o.err = s.logError(f.Key, "publish", topic, err)
+		}
+		o.lsn = lsn
 		return o
 	}
 	lsn, err := s.srv.publish(ctx, topic, nil, data)

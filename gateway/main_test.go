@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"context"
 	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +22,8 @@ type testServer struct {
 	gw  *gateway.Server
 	ts  *httptest.Server
 	url string // ws://…/v1/ws
+
+	once sync.Once
 }
 
 func newTestServer(t testing.TB, cfg gateway.Config) *testServer {
@@ -29,14 +32,25 @@ func newTestServer(t testing.TB, cfg gateway.Config) *testServer {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return newTestServerFor(t, gw)
+}
+
+// newTestServerFor serves gw until the test ends or close is called.
+func newTestServerFor(t testing.TB, gw *gateway.Server) *testServer {
 	ts := httptest.NewServer(gw.Handler())
-	t.Cleanup(func() {
+	srv := &testServer{gw: gw, ts: ts, url: gwtest.WSURL(ts.URL)}
+	t.Cleanup(func() { srv.close(t) })
+	return srv
+}
+
+// close shuts the gateway down, then the HTTP server. Idempotent.
+func (srv *testServer) close(t testing.TB) {
+	srv.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		if err := gw.Shutdown(ctx); err != nil {
+		if err := srv.gw.Shutdown(ctx); err != nil {
 			t.Errorf("shutdown: %v", err)
 		}
-		ts.Close()
+		srv.ts.Close()
 	})
-	return &testServer{gw: gw, ts: ts, url: gwtest.WSURL(ts.URL)}
 }

@@ -24,6 +24,7 @@ type producer struct {
 	window   int
 
 	mu       sync.Mutex
+	started  bool             // guarded by mu: a mutate has run on this node
 	epoch    int64            // guarded by mu
 	next     int64            // guarded by mu: the next expected seq
 	ring     []outcome        // guarded by mu: outcome of seq at seq % window, grown lazily
@@ -57,6 +58,13 @@ func (p *producer) run(epoch int64, f *frames.Mutate, reply func(outcome), exec 
 	case epoch > p.epoch:
 		p.resetLocked(epoch)
 	}
+	if !p.started && p.clientID != "" {
+		// A client-named producer this node has no record of (new here,
+		// forgotten, or the node restarted) continues at the seq it
+		// presents; persisted appends are still deduplicated by the log.
+		p.next = f.Seq
+	}
+	p.started = true
 	switch {
 	case f.Seq < p.next:
 		if o, ok := p.lookupLocked(f.Seq); ok {

@@ -41,6 +41,11 @@ type Server struct {
 
 	draining atomic.Bool // set once by Shutdown: /readyz fails, upgrades refused
 
+	streams sync.Map // persisted topics whose stream this node has created or found
+
+	tailMu  sync.Mutex
+	tailers map[string]*tailer // guarded by tailMu: persisted topics with local subscribers
+
 	mu       sync.Mutex
 	sessions map[*session]struct{} // guarded by mu
 	wg       sync.WaitGroup        // session handlers and the sweeper
@@ -59,6 +64,7 @@ func New(cfg Config) (*Server, error) {
 		seq:       &sequencer{seed: maphash.MakeSeed(), hi: uint64(cfg.Now().UnixMilli())},
 		producers: &producers{window: cfg.ProducerWindow, idle: cfg.ProducerIdle, max: cfg.MaxProducers, m: map[string]*producer{}},
 		sessions:  map[*session]struct{}{},
+		tailers:   map[string]*tailer{},
 		stopSweep: make(chan struct{}),
 	}
 	if s.transport == nil {

@@ -60,11 +60,20 @@ type subscription struct {
 	sid    string
 	topic  string
 	prefix []byte // `{"type":"patch","v":1,"sid":"…"`, encoded once
+
+	// Persisted topics only (see persist.go): the topic's tailer, and the
+	// replay state of a subscription that resumes from a cursor.
+	tailer *tailer
+	replay *replay
 }
 
 // Deliver queues a broadcast patch for the session; it never blocks.
 func (sub *subscription) Deliver(m *fanout.Message) {
-	sub.s.enqueue(outItem{prefix: sub.prefix, body: m.Data, at: m.At.UnixNano(), kind: idxPatch})
+	it := outItem{prefix: sub.prefix, body: m.Data, at: m.At.UnixNano(), kind: idxPatch}
+	if sub.replay != nil && sub.replay.hold(it) {
+		return
+	}
+	sub.s.enqueue(it)
 }
 
 func newSession(ctx context.Context, srv *Server, conn *websocket.Conn, netConn *corkConn, id, remote string) *session {
@@ -108,6 +117,7 @@ func (s *session) run() {
 	s.writers.Wait()
 	for _, sub := range s.subs {
 		_ = s.srv.transport.Unsubscribe(context.Background(), sub.topic, sub)
+		sub.endPersisted()
 	}
 	if s.prod != nil && s.clientID != "" {
 		s.srv.producers.release(s.prod, s.srv.cfg.Now())

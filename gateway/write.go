@@ -30,11 +30,12 @@ func (it *outItem) size() int { return len(it.prefix) + len(it.body) }
 // frames to the connection.
 type sendQueue struct {
 	mu      sync.Mutex
-	items   []outItem   // guarded by mu
-	bytes   int         // guarded by mu
-	writing bool        // guarded by mu: a writer goroutine is running (or must be started)
-	pingDue bool        // guarded by mu: the writer should ping before it exits
-	reason  closeReason // guarded by mu: set once by closeWith; then nothing is accepted
+	items   []outItem     // guarded by mu
+	bytes   int           // guarded by mu
+	writing bool          // guarded by mu: a writer goroutine is running (or must be started)
+	pingDue bool          // guarded by mu: the writer should ping before it exits
+	reason  closeReason   // guarded by mu: set once by closeWith; then nothing is accepted
+	room    chan struct{} // guarded by mu: closed when the writer next takes the queue (waitRoom)
 
 	writers *sync.WaitGroup // joined under mu whenever writing turns true
 }
@@ -91,7 +92,35 @@ func (q *sendQueue) next(spare []outItem) (items []outItem, ping bool, reason cl
 		return nil, false, reasonNone, true
 	}
 	q.items, q.bytes, q.pingDue = spare[:0], 0, false
+	if q.room != nil {
+		close(q.room)
+		q.room = nil
+	}
 	return items, ping, reason, false
+}
+
+// waitRoom waits until the queue holds fewer than maxBytes, the session is
+// closing, or ctx ends (then it returns ctx.Err()). A producer of bulk
+// frames (a replay) calls it between pages so it never overflows the
+// queue it shares with live traffic.
+func (q *sendQueue) waitRoom(ctx context.Context, maxBytes int) error {
+	for {
+		q.mu.Lock()
+		if q.bytes < maxBytes || q.reason != reasonNone {
+			q.mu.Unlock()
+			return nil
+		}
+		if q.room == nil {
+			q.room = make(chan struct{})
+		}
+		room := q.room
+		q.mu.Unlock()
+		select {
+		case <-room:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // writeBufPool holds batch buffers, so idle sessions hold none.

@@ -215,3 +215,9 @@ func Eventually(t testing.TB, timeout time.Duration, msg string, cond func() boo
 		}
 	}
 }
+
+// Close ends the connection with a normal closure and waits for the
+// server's close frame.
+func (c *Conn) Close() {
+	_ = c.C.Close(websocket.StatusNormalClosure, "")
+}

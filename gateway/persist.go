@@ -1,0 +1,452 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"path"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/syncgate/syncgate/frames"
+	"github.com/syncgate/syncgate/storage"
+)
+
+// Persisted topics.
+//
+// A topic whose name matches a Config.Persist pattern is the stream of the
+// same name in Config.Log (JSON mode, created on first use). Publishing
+// appends a record {key, data, actorId, at}; the record reaches subscribers
+// through the topic's tailer, never straight from the publish, so records
+// appended over HTTP and over WebSocket reach them alike and in log order.
+//
+// One tailer runs per persisted topic with local subscribers. It waits on
+// the log, reads what is new and hands each record to the transport as an
+// insert patch whose lsn is the record's offset, under the topic's stripe
+// lock; tailer.published is the offset of the last record handed over.
+// A subscribe takes the same lock, so it sees a published offset P such
+// that every record after P will be delivered to it live. Without a cursor
+// it gets a snapshot at P. With a cursor it is marked replaying: live
+// deliveries are held in a bounded buffer while a replayer reads the
+// records in (cursor, P] from the log and queues them, then the held ones
+// are queued and the subscription turns live. If the buffer overflows it is
+// discarded and the replayer reads on from P to the tailer's new position:
+// the log, not the buffer, is the source of truth, so nothing is lost or
+// sent twice at the seam.
+
+// replayHold bounds the live patches a replaying subscription holds.
+const replayHold = 4096
+
+// replayPage bounds one log read during replay and tailing.
+const replayPage = 256 << 10
+
+// replayFrameOps and replayFrameBytes bound one patch frame of a replay.
+const (
+	replayFrameOps   = 64
+	replayFrameBytes = 32 << 10
+)
+
+// tailRetry is how long a tailer waits after a failed log call.
+const tailRetry = time.Second
+
+// persisted reports whether topic is a persisted topic.
+func (srv *Server) persisted(topic string) bool {
+	for _, p := range srv.cfg.Persist {
+		if ok, _ := path.Match(p, topic); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// ensureStream creates topic's stream unless this node has seen it.
+func (srv *Server) ensureStream(ctx context.Context, topic string) error {
+	if _, ok := srv.streams.Load(topic); ok {
+		return nil
+	}
+	_, _, err := srv.cfg.Log.Create(ctx, topic, storage.CreateOptions{ContentType: "application/json"})
+	if errors.Is(err, storage.ErrConflict) {
+		// Created over HTTP with another configuration: usable as long
+		// as it holds JSON.
+		info, herr := srv.cfg.Log.Head(ctx, topic)
+		if herr != nil {
+			return herr
+		}
+		if storage.NormalizeContentType(info.ContentType) != "application/json" {
+			return errNotJSONStream
+		}
+		err = nil
+	}
+	if err == nil {
+		srv.streams.Store(topic, struct{}{})
+	}
+	return err
+}
+
+var errNotJSONStream = errors.New("the topic's stream exists with a content type other than application/json")
+
+// publishPersisted appends one message to topic's stream and returns its
+// offset once it is durable. A client-named producer makes the append
+// idempotent across reconnects and restarts.
+func (srv *Server) publishPersisted(ctx context.Context, topic, key string, prod *storage.Producer, actorID *string, data json.RawMessage) (string, error) {
+	if err := srv.ensureStream(ctx, topic); err != nil {
+		return "", err
+	}
+	rec := appendRecord(make([]byte, 0, len(data)+len(key)+64), key, data, actorID, srv.cfg.Now().UnixMilli())
+	req := storage.AppendRequest{Records: [][]byte{rec}, Producer: prod}
+	res, err := srv.cfg.Log.Append(ctx, topic, req)
+	if errors.Is(err, storage.ErrNotFound) { // deleted over HTTP since ensureStream
+		srv.streams.Delete(topic)
+		if err = srv.ensureStream(ctx, topic); err == nil {
+			res, err = srv.cfg.Log.Append(ctx, topic, req)
+		}
+	}
+	if err != nil {
+		return "", err
+	}
+	srv.metrics.publishes.Inc()
+	return res.Offset, nil
+}
+
+// appendRecord appends the stored form of a WebSocket publish.
+func appendRecord(dst []byte, key string, data json.RawMessage, actorID *string, at int64) []byte {
+	dst = append(dst, `{"key":`...)
+	kb, _ := json.Marshal(key)
+	dst = append(dst, kb...)
+	dst = append(dst, `,"data":`...)
+	dst = append(dst, data...)
+	dst = appendActorAt(dst, actorID, at)
+	return append(dst, '}')
+}
+
+func appendActorAt(dst []byte, actorID *string, at int64) []byte {
+	dst = append(dst, `,"actorId":`...)
+	if actorID == nil {
+		dst = append(dst, "null"...)
+	} else {
+		b, _ := json.Marshal(*actorID)
+		dst = append(dst, b...)
+	}
+	dst = append(dst, `,"at":`...)
+	return strconv.AppendInt(dst, at, 10)
+}
+
+// recordRow turns a stored record into a topic row {id, data, actorId,
+// at} whose id is the record's offset. A record written by a WebSocket
+// publish carries data, actorId and at; any other JSON value (appended by
+// a backend over HTTP) becomes the row's data, with actorId null and at
+// the time the gateway reads it.
+func recordRow(dst []byte, offset string, rec []byte, now int64) []byte {
+	var data json.RawMessage
+	var actorID *string
+	at := now
+	isObj := frames.Fields(rec, func(k []byte, v json.RawMessage) bool {
+		switch string(k) {
+		case "data":
+			data = v
+		case "actorId":
+			if s, ok := frames.Unquote(v); ok {
+				actorID = &s
+			}
+		case "at":
+			if n, err := strconv.ParseInt(string(v), 10, 64); err == nil {
+				at = n
+			}
+		}
+		return true
+	})
+	if !isObj || data == nil {
+		data, actorID, at = rec, nil, now
+	}
+	return appendRow(dst, offset, data, actorID, at)
+}
+
+// validRecord reports whether rec is JSON that recordRow can embed.
+func validRecord(rec []byte) bool { return json.Valid(rec) }
+
+// tailer feeds one persisted topic's records to the transport.
+type tailer struct {
+	topic     string
+	refs      int    // guarded by Server.tailMu
+	published string // guarded by the topic's stripe lock
+	cancel    context.CancelFunc
+}
+
+// acquireTailer returns topic's tailer, starting it if needed. The caller
+// must releaseTailer it.
+func (srv *Server) acquireTailer(ctx context.Context, topic string) (*tailer, error) {
+	if err := srv.ensureStream(ctx, topic); err != nil {
+		return nil, err
+	}
+	srv.tailMu.Lock()
+	defer srv.tailMu.Unlock()
+	if t := srv.tailers[topic]; t != nil {
+		t.refs++
+		return t, nil
+	}
+	info, err := srv.cfg.Log.Head(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	tctx, cancel := context.WithCancel(srv.baseCtx)
+	t := &tailer{topic: topic, refs: 1, published: info.Tail, cancel: cancel}
+	srv.tailers[topic] = t
+	srv.wg.Go(func() { srv.tail(tctx, t, info.Tail) })
+	return t, nil
+}
+
+// releaseTailer drops a reference; the last one stops the tailer.
+func (srv *Server) releaseTailer(t *tailer) {
+	srv.tailMu.Lock()
+	defer srv.tailMu.Unlock()
+	if t.refs--; t.refs == 0 {
+		t.cancel()
+		delete(srv.tailers, t.topic)
+	}
+}
+
+// tail hands every record after `after` to the transport, in order, until
+// ctx ends.
+func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
+	log := srv.log.With("topic", t.topic)
+	retry := func(what string, err error) bool {
+		if ctx.Err() != nil {
+			return false
+		}
+		log.Warn("persisted topic: "+what+" failed; retrying", "err", err)
+		tm := time.NewTimer(tailRetry)
+		defer tm.Stop()
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tm.C:
+			return true
+		}
+	}
+	var body []byte
+	for {
+		if err := srv.cfg.Log.Wait(ctx, t.topic, after); err != nil {
+			if retry("wait", err) {
+				continue
+			}
+			return
+		}
+		res, err := srv.cfg.Log.Read(ctx, t.topic, after, replayPage)
+		if err != nil {
+			if retry("read", err) {
+				continue
+			}
+			return
+		}
+		if len(res.Records) == 0 {
+			if res.Closed { // closed over HTTP: nothing more will come
+				<-ctx.Done()
+				return
+			}
+			continue
+		}
+		now := srv.cfg.Now().UnixMilli()
+		mu := srv.seq.stripe(t.topic)
+		mu.Lock()
+		for _, r := range res.Records {
+			if !validRecord(r.Data) {
+				log.Warn("persisted topic: record is not JSON; skipped", "offset", r.Offset)
+			} else {
+				// Each body is handed to the transport, which keeps it
+				// in session queues: a fresh slice per record.
+				body = frames.AppendInsertBody(make([]byte, 0, len(r.Data)+160), r.Offset, func(dst []byte) []byte {
+					return recordRow(dst, r.Offset, r.Data, now)
+				})
+				if err := srv.transport.Publish(ctx, t.topic, body); err != nil {
+					log.Warn("persisted topic: fanout failed", "offset", r.Offset, "err", err)
+				}
+			}
+			t.published = r.Offset
+		}
+		mu.Unlock()
+		after = res.Next
+	}
+}
+
+// replay is a replaying subscription's state.
+type replay struct {
+	mu      sync.Mutex
+	active  bool      // guarded by mu: live patches are held, not queued
+	held    []outItem // guarded by mu
+	lost    bool      // guarded by mu: held overflowed and was discarded
+	cancel  context.CancelFunc
+	done    chan struct{}
+	tailer  *tailer
+	through string // offset up to which the replayer reads; guarded by the stripe lock while active
+}
+
+// hold keeps a live patch while the subscription replays. It reports
+// false once the subscription is live.
+func (r *replay) hold(it outItem) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.active {
+		return false
+	}
+	switch {
+	case r.lost:
+	case len(r.held) >= replayHold:
+		r.held, r.lost = nil, true
+	default:
+		r.held = append(r.held, it)
+	}
+	return true
+}
+
+// stop ends the replayer and waits for it.
+func (r *replay) stop() {
+	r.cancel()
+	<-r.done
+}
+
+// subscribePersisted subscribes sub to a persisted topic; see the comment
+// at the top of this file.
+func (s *session) subscribePersisted(ctx context.Context, f *frames.Subscribe, sub *subscription) error {
+	srv := s.srv
+	topic := f.Target.Topic
+	t, err := srv.acquireTailer(ctx, topic)
+	if err != nil {
+		return err
+	}
+	sub.tailer = t
+	cursor := f.Target.Cursor
+	if cursor != nil {
+		rctx, cancel := context.WithCancel(s.ctx)
+		sub.replay = &replay{active: true, cancel: cancel, done: make(chan struct{}), tailer: t}
+		defer func() {
+			if err == nil {
+				r := sub.replay
+				go func() { defer close(r.done); s.runReplay(rctx, sub, cursor.LSN) }()
+			}
+		}()
+	}
+	mu := srv.seq.stripe(topic)
+	mu.Lock()
+	defer mu.Unlock()
+	if err = srv.transport.Subscribe(ctx, topic, sub); err != nil {
+		srv.releaseTailer(t)
+		return err
+	}
+	if cursor == nil {
+		s.sendAck(f.SID, nil)
+		s.sendSnapshot(f.SID, topic, t.published)
+		return nil
+	}
+	sub.replay.through = t.published
+	return nil
+}
+
+func (s *session) sendSnapshot(sid, topic, lsn string) {
+	s.send(&frames.Snapshot{SID: sid, Rows: []json.RawMessage{}, Cursor: frames.Cursor{
+		QID: "topic:" + topic, LSN: lsn, IDs: []string{}, At: s.srv.cfg.Now().UnixMilli(),
+	}})
+}
+
+// runReplay queues the records after `after` and then the held live
+// patches, and turns the subscription live.
+func (s *session) runReplay(ctx context.Context, sub *subscription, after string) {
+	srv, r := s.srv, sub.replay
+	mu := srv.seq.stripe(sub.topic)
+	mu.Lock()
+	through := r.through
+	mu.Unlock()
+	first := true
+	expired := func(cause string) {
+		s.sendError(frames.NewError(frames.CodeCursorExpired, sub.sid, "subscribe.target.cursor: "+cause,
+			"treat messages after your cursor as lost; the snapshot that follows starts the subscription afresh"))
+		s.sendSnapshot(sub.sid, sub.topic, through)
+	}
+	if hi, _, err := frames.ParseOffset(after); err != nil || hi != 0 || after > through {
+		// Not an offset of this log: from an ephemeral topic, another
+		// node's counter, or a stream that was deleted and made anew.
+		expired("offset " + quote(after) + " is not a position in topic " + quote(sub.topic) + "'s log")
+		first, after = false, through
+	}
+	ops := make([]frames.PatchOp, 0, 64)
+	for {
+		for after < through {
+			res, err := srv.cfg.Log.Read(ctx, sub.topic, after, replayPage)
+			switch {
+			case ctx.Err() != nil:
+				return
+			case errors.Is(err, storage.ErrGone) && first:
+				expired("offset " + quote(after) + " is older than what topic " + quote(sub.topic) + " keeps (retention)")
+				first, after = false, through
+				continue
+			case err != nil:
+				s.log().Warn("replay failed", "topic", sub.topic, "err", err)
+				s.sendError(frames.NewError(frames.CodeInternal, sub.sid, "the server could not read the topic's log", "subscribe again with your cursor"))
+				s.closeWith(reasonReadError)
+				return
+			}
+			if first {
+				s.sendAck(sub.sid, nil)
+				first = false
+			}
+			now := srv.cfg.Now().UnixMilli()
+			ops, size := ops[:0], 0
+			flush := func() {
+				if len(ops) > 0 {
+					s.send(&frames.Patch{SID: sub.sid, Patches: ops, LSN: ops[len(ops)-1].LSN})
+				}
+				ops, size = ops[:0], 0
+			}
+			for _, rec := range res.Records {
+				if rec.Offset > through {
+					break
+				}
+				if validRecord(rec.Data) {
+					row := recordRow(nil, rec.Offset, rec.Data, now)
+					ops = append(ops, frames.PatchOp{Op: frames.PatchInsert, ID: rec.Offset, LSN: rec.Offset, Row: row})
+					if size += len(row); len(ops) == replayFrameOps || size >= replayFrameBytes {
+						flush()
+					}
+				}
+				after = rec.Offset
+			}
+			flush()
+			if len(res.Records) == 0 {
+				break // nothing more in the log (deleted or pruned meanwhile)
+			}
+			if err := s.q.waitRoom(ctx, srv.cfg.SendQueueBytes/2); err != nil {
+				return
+			}
+		}
+		if first {
+			s.sendAck(sub.sid, nil)
+			first = false
+		}
+		mu.Lock()
+		r.mu.Lock()
+		if r.lost {
+			r.lost, r.held = false, nil
+			through = r.tailer.published
+			r.mu.Unlock()
+			mu.Unlock()
+			continue
+		}
+		for _, it := range r.held {
+			s.enqueue(it)
+		}
+		r.held, r.active = nil, false
+		r.mu.Unlock()
+		mu.Unlock()
+		return
+	}
+}
+
+// endPersisted releases what a persisted subscription holds.
+func (sub *subscription) endPersisted() {
+	if sub.replay != nil {
+		sub.replay.stop()
+	}
+	if sub.tailer != nil {
+		sub.s.srv.releaseTailer(sub.tailer)
+	}
+}
