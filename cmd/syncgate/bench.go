@@ -37,7 +37,7 @@ import (
 
 const benchUsage = `usage: syncgate bench <command> [flags]
 
-Load-test a running gateway. Each command prints a summary, then one JSON
+Load-test a running gateway (append runs its own, in process). Each command prints a summary, then one JSON
 line starting with {"bench":"<command>" (grep '^{"bench"').
 
 Commands:
@@ -47,6 +47,10 @@ Commands:
                                              delivery rate, ratio, latency, CPU
   topics  -n N -rate R -dur T [-size B]      N topics with one subscriber each, one publisher
                                              round-robin: ack and delivery latency, CPU
+  append  [-phases ...] [-dur T]             the stream log in this process on a fresh data dir:
+                                             fsynced appends (1 producer, one tx per append,
+                                             group commit), Durable Streams HTTP appends and
+                                             catch-up read over loopback
 
 Common flags: -url, -metrics, -dial-concurrency, -dial-timeout, -timeout,
 -allow-remote, -source-ips. Run "syncgate bench <command> -h" for all flags.
@@ -76,6 +80,8 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return benchFanout(ctx, args, stdout, stderr)
 	case "topics":
 		return benchTopics(ctx, args, stdout, stderr)
+	case "append":
+		return benchAppend(ctx, args, stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stderr, benchUsage)
 		return errUsage

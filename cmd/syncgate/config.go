@@ -22,6 +22,7 @@ import (
 type config struct {
 	Addr            string
 	DataDir         string
+	MaxAppend       int64 // also bounds the log's appends
 	LogFormat       string
 	LogLevel        slog.Level
 	DebugAddr       string
@@ -64,8 +65,33 @@ func intSetting(p func(*config) *int) func(*config, string) error {
 var settings = []setting{
 	{"addr", "SYNCGATE_ADDR", "127.0.0.1:8080", "listen address (host:port)",
 		func(c *config, v string) error { c.Addr = v; return nil }},
-	{"data-dir", "SYNCGATE_DATA_DIR", "./data", "directory for durable data (the stream log, when enabled)",
+	{"data-dir", "SYNCGATE_DATA_DIR", "./data", "directory for durable data: the stream log is <data-dir>/streams.db",
 		func(c *config, v string) error { c.DataDir = v; return nil }},
+	{"persist", "SYNCGATE_PERSIST", "", "comma-separated topic patterns whose topics are persisted in the stream log, e.g. chat:*,orders:* (YAML: a list)",
+		func(c *config, v string) error {
+			c.Gateway.Persist = nil
+			for _, p := range strings.Split(v, ",") {
+				if p = strings.TrimSpace(p); p != "" {
+					if _, err := path.Match(p, ""); err != nil {
+						return fmt.Errorf("bad pattern %q: %w", p, err)
+					}
+					c.Gateway.Persist = append(c.Gateway.Persist, p)
+				}
+			}
+			return nil
+		}},
+	{"long-poll-timeout", "SYNCGATE_LONG_POLL_TIMEOUT", "30s", "how long a Durable Streams long-poll read waits for data before answering 204",
+		durationSetting(func(c *config) *time.Duration { return &c.Gateway.LongPollTimeout })},
+	{"max-append", "SYNCGATE_MAX_APPEND", "8388608", "largest Durable Streams append body in bytes (HTTP 413 above it)",
+		func(c *config, v string) error {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 1024 {
+				return fmt.Errorf("want an integer of at least 1024, got %q", v)
+			}
+			c.Gateway.MaxAppendBytes = n
+			c.MaxAppend = n
+			return nil
+		}},
 	{"build-id", "SYNCGATE_BUILD_ID", "", "current app build id, sent in hello",
 		func(c *config, v string) error { c.Gateway.BuildID = v; return nil }},
 	{"hello-timeout", "SYNCGATE_HELLO_TIMEOUT", "10s", "time a new connection has to send hello (else close 1008)",
@@ -272,6 +298,9 @@ func yamlScalar(v any) (string, error) {
 func (c *config) validate() error {
 	if c.Addr == "" {
 		return errors.New("addr (SYNCGATE_ADDR) must not be empty")
+	}
+	if c.DataDir == "" {
+		return errors.New("data-dir (SYNCGATE_DATA_DIR) must not be empty")
 	}
 	if int64(c.Gateway.SendQueueBytes) < 2*c.Gateway.MaxFrameBytes {
 		return fmt.Errorf("send-queue-bytes (SYNCGATE_SEND_QUEUE_BYTES=%d) must be at least twice max-frame (SYNCGATE_MAX_FRAME=%d)",

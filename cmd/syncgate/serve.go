@@ -9,9 +9,12 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/syncgate/syncgate/gateway"
+	"github.com/syncgate/syncgate/storage"
 )
 
 // serve runs the gateway until ctx ends, then shuts it down: sessions are
@@ -23,6 +26,16 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 	log := newLogger(cfg, stderr)
 	cfg.Gateway.Logger = log
+	db, err := openLog(cfg, log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := db.Close(); err != nil {
+			log.Error("closing the stream log", "err", err)
+		}
+	}()
+	cfg.Gateway.Log = db
 	gw, err := gateway.New(cfg.Gateway)
 	if err != nil {
 		return err
@@ -76,6 +89,28 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// openLog opens the stream log in the data directory. A failed commit or
+// fsync ends the process with status 3: the page cache may have lost what
+// was written, so nothing more may be acknowledged (docs/storage.md).
+func openLog(cfg *config, log *slog.Logger) (*storage.DB, error) {
+	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
+		return nil, fmt.Errorf("data-dir (SYNCGATE_DATA_DIR): %w", err)
+	}
+	file := filepath.Join(cfg.DataDir, "streams.db")
+	db, err := storage.Open(file, &storage.Options{
+		Logger:         log.With("component", "storage"),
+		MaxAppendBytes: cfg.MaxAppend,
+		OnFatal: func(err error) {
+			log.Error("stream log write failed; exiting so nothing uncertain is acknowledged", "file", file, "err", err)
+			os.Exit(3)
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stream log %s: %w", file, err)
+	}
+	return db, nil
 }
 
 // serveDebug serves net/http/pprof on its own listener, apart from the

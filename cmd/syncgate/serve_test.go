@@ -6,6 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -44,15 +47,17 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 var listeningRE = regexp.MustCompile(`listening on http://(\S+) `)
 
 // TestRun_ServeAndGracefulStop runs the real command on a loopback port,
-// publishes through it, then cancels (as SIGTERM does): the session gets
+// publishes through it to a persisted topic, reads the message back over
+// the Durable Streams API, then cancels (as SIGTERM does): the session gets
 // 1001 and run returns nil (exit 0).
 func TestRun_ServeAndGracefulStop(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	out := &lineWriter{lines: make(chan string, 16)}
 	done := make(chan error, 1)
+	dataDir := t.TempDir()
 	go func() {
-		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-build-id", "b1"}, env(nil), out, io.Discard)
+		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-build-id", "b1", "-data-dir", dataDir, "-persist", "t"}, env(nil), out, io.Discard)
 	}()
 	var addr string
 	select {
@@ -80,8 +85,21 @@ func TestRun_ServeAndGracefulStop(t *testing.T) {
 	if _, err := c.Subscribe(dctx, "t", nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Publish(dctx, "t", json.RawMessage(`1`)); err != nil {
+	lsn, err := c.Publish(dctx, "t", json.RawMessage(`1`))
+	if err != nil {
 		t.Fatal(err)
+	}
+	resp, err := http.Get("http://" + addr + "/v1/stream/t?offset=-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"data":1`) || resp.Header.Get("Stream-Next-Offset") != lsn {
+		t.Fatalf("stream t over HTTP: %s %q next=%s, want the message at %s", resp.Status, body, resp.Header.Get("Stream-Next-Offset"), lsn)
+	}
+	if _, err := os.Stat(filepath.Join(dataDir, "streams.db")); err != nil {
+		t.Fatalf("the log is not in -data-dir: %v", err)
 	}
 	cancel()
 	select {

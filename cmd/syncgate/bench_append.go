@@ -1,0 +1,310 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/syncgate/syncgate/gateway"
+	"github.com/syncgate/syncgate/storage"
+)
+
+// syncgate bench append measures the stream log, in this process, on a
+// fresh data directory: sequential and concurrent idempotent appends with
+// fsync, the one-transaction-per-append baseline, appends through the
+// Durable Streams HTTP API of an in-process gateway on loopback, and a
+// catch-up read over HTTP.
+
+const appendSynopsis = `[-phases seq,tx1,group,http,read] [-dur 3s] [-producers 256] [-http-producers 64] [-size 200] [-read-records 1000000] [-dir DIR]`
+
+type appendFlags struct {
+	phases        string
+	dur           time.Duration
+	producers     int
+	httpProducers int
+	size          int
+	readRecords   int
+	dir           string
+	timeout       time.Duration
+}
+
+// appendPhase is one phase's result.
+type appendPhase struct {
+	Phase       string      `json:"phase"`
+	Producers   int         `json:"producers"`
+	Appends     int64       `json:"appends"`
+	Seconds     float64     `json:"seconds"`
+	PerSecond   float64     `json:"per_second"`
+	Latency     latencyJSON `json:"latency"`
+	Records     int64       `json:"records,omitempty"`
+	Bytes       int64       `json:"bytes,omitempty"`
+	BytesPerSec float64     `json:"bytes_per_second,omitempty"`
+}
+
+func benchAppend(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var f appendFlags
+	fs := newFlagSet("append", appendSynopsis, stderr)
+	fs.StringVar(&f.phases, "phases", "seq,tx1,group,http,read", "phases to run, in order: seq (1 producer), tx1 (one transaction per append, -producers), "+
+		"group (group commit, -producers), http (Durable Streams POSTs, -http-producers), read (HTTP catch-up of -read-records)")
+	fs.DurationVar(&f.dur, "dur", 3*time.Second, "length of each timed phase")
+	fs.IntVar(&f.producers, "producers", 256, "concurrent producers in tx1 and group")
+	fs.IntVar(&f.httpProducers, "http-producers", 64, "concurrent producers in http")
+	fs.IntVar(&f.size, "size", 200, "record size in bytes")
+	fs.IntVar(&f.readRecords, "read-records", 1000000, "records the read phase catches up on")
+	fs.StringVar(&f.dir, "dir", "", "data directory (default: a new temporary directory, removed afterwards)")
+	fs.DurationVar(&f.timeout, "timeout", 5*time.Minute, "hard bound on the whole run")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if f.dur <= 0 || f.producers <= 0 || f.httpProducers <= 0 || f.size <= 0 || f.readRecords <= 0 {
+		return errors.New("bench append: -dur, -producers, -http-producers, -size and -read-records must be positive")
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	dir := f.dir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "syncgate-bench-append-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	}
+	var results []appendPhase
+	for _, phase := range strings.Split(f.phases, ",") {
+		var r appendPhase
+		var err error
+		switch phase = strings.TrimSpace(phase); phase {
+		case "seq":
+			r, err = appendStorage(ctx, filepath.Join(dir, "seq.db"), nil, phase, 1, f)
+		case "tx1":
+			// A batch bound of one byte makes every append its own
+			// transaction and fsync: the design group commit replaces.
+			r, err = appendStorage(ctx, filepath.Join(dir, "tx1.db"), &storage.Options{MaxBatchBytes: 1}, phase, f.producers, f)
+		case "group":
+			r, err = appendStorage(ctx, filepath.Join(dir, "group.db"), nil, phase, f.producers, f)
+		case "http":
+			r, err = appendHTTP(ctx, filepath.Join(dir, "http.db"), f)
+		case "read":
+			r, err = readHTTP(ctx, filepath.Join(dir, "read.db"), f)
+		default:
+			return fmt.Errorf("bench append: unknown phase %q", phase)
+		}
+		if err != nil {
+			return fmt.Errorf("bench append: %s: %w", phase, err)
+		}
+		fmt.Fprintf(stdout, "%-6s producers=%-4d appends=%-9d %12.0f/s  latency %s", r.Phase, r.Producers, r.Appends, r.PerSecond, r.Latency)
+		if r.Bytes > 0 {
+			fmt.Fprintf(stdout, "  %d records, %.1f MB/s", r.Records, r.BytesPerSec/1e6)
+		}
+		fmt.Fprintln(stdout)
+		results = append(results, r)
+	}
+	return writeJSON(stdout, map[string]any{"bench": "append", "size": f.size, "dur_s": f.dur.Seconds(), "phases": results})
+}
+
+// timedProducers runs n producers, each calling one(i, seq) with seq
+// 0, 1, 2, … until dur passes, and records each call's latency.
+func timedProducers(ctx context.Context, phase string, n int, dur time.Duration, one func(ctx context.Context, i int, seq int64) error) (appendPhase, error) {
+	hist := newHistogram()
+	var total atomic.Int64
+	var fail firstError
+	var wg sync.WaitGroup
+	start := time.Now()
+	deadline := start.Add(dur)
+	for i := range n {
+		wg.Go(func() {
+			shard := hist.shard(i)
+			for seq := int64(0); time.Now().Before(deadline) && ctx.Err() == nil; seq++ {
+				t0 := time.Now()
+				if err := one(ctx, i, seq); err != nil {
+					fail.record(err)
+					return
+				}
+				shard.record(int64(time.Since(t0)))
+				total.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if msg := fail.first(); msg != "" {
+		return appendPhase{}, errors.New(msg)
+	}
+	if err := ctx.Err(); err != nil {
+		return appendPhase{}, err
+	}
+	return appendPhase{Phase: phase, Producers: n, Appends: total.Load(), Seconds: round(elapsed.Seconds(), 3),
+		PerSecond: perSecond(float64(total.Load()), elapsed), Latency: hist.snapshot().json()}, nil
+}
+
+// appendStorage appends size-byte records with n idempotent producers
+// straight into a log at file.
+func appendStorage(ctx context.Context, file string, opts *storage.Options, phase string, n int, f appendFlags) (appendPhase, error) {
+	db, err := storage.Open(file, opts)
+	if err != nil {
+		return appendPhase{}, err
+	}
+	defer db.Close()
+	if _, _, err := db.Create(ctx, "bench", storage.CreateOptions{ContentType: "application/octet-stream"}); err != nil {
+		return appendPhase{}, err
+	}
+	rec := bytes.Repeat([]byte("x"), f.size)
+	return timedProducers(ctx, phase, n, f.dur, func(ctx context.Context, i int, seq int64) error {
+		_, err := db.Append(ctx, "bench", storage.AppendRequest{Records: [][]byte{rec},
+			Producer: &storage.Producer{ID: "p" + strconv.Itoa(i), Seq: seq}})
+		return err
+	})
+}
+
+// benchGateway serves a gateway over a log at file on a loopback port.
+type benchGateway struct {
+	db   *storage.DB
+	gw   *gateway.Server
+	hs   *http.Server
+	base string // http://127.0.0.1:port/v1/stream/
+	http *http.Client
+}
+
+func startBenchGateway(file string, conns int) (*benchGateway, error) {
+	db, err := storage.Open(file, nil)
+	if err != nil {
+		return nil, err
+	}
+	gw, err := gateway.New(gateway.Config{Log: db})
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	hs := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = hs.Serve(ln) }()
+	tr := &http.Transport{MaxIdleConnsPerHost: conns, DialContext: (&net.Dialer{Control: loopbackOnly}).DialContext}
+	return &benchGateway{db: db, gw: gw, hs: hs, base: "http://" + ln.Addr().String() + "/v1/stream/",
+		http: &http.Client{Transport: tr}}, nil
+}
+
+func (g *benchGateway) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = g.gw.Shutdown(ctx)
+	_ = g.hs.Shutdown(ctx)
+	g.http.CloseIdleConnections()
+	_ = g.db.Close()
+}
+
+// do sends one request and fails unless it answers one of the 2xx codes.
+func (g *benchGateway) do(req *http.Request) (*http.Response, []byte, error) {
+	resp, err := g.http.Do(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err == nil && resp.StatusCode/100 != 2 {
+		err = fmt.Errorf("%s %s: %s: %s", req.Method, req.URL.Path, resp.Status, bytes.TrimSpace(body))
+	}
+	return resp, body, err
+}
+
+func (g *benchGateway) create(ctx context.Context, name, contentType string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, g.base+name, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", contentType)
+	_, _, err = g.do(req)
+	return err
+}
+
+// appendHTTP appends through the Durable Streams API with idempotent
+// producer headers.
+func appendHTTP(ctx context.Context, file string, f appendFlags) (appendPhase, error) {
+	g, err := startBenchGateway(file, f.httpProducers)
+	if err != nil {
+		return appendPhase{}, err
+	}
+	defer g.close()
+	if err := g.create(ctx, "bench", "application/octet-stream"); err != nil {
+		return appendPhase{}, err
+	}
+	rec := bytes.Repeat([]byte("x"), f.size)
+	return timedProducers(ctx, "http", f.httpProducers, f.dur, func(ctx context.Context, i int, seq int64) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.base+"bench", bytes.NewReader(rec))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/octet-stream")
+		req.Header.Set("Producer-Id", "p"+strconv.Itoa(i))
+		req.Header.Set("Producer-Epoch", "0")
+		req.Header.Set("Producer-Seq", strconv.FormatInt(seq, 10))
+		_, _, err = g.do(req)
+		return err
+	})
+}
+
+// readHTTP writes f.readRecords records into a stream (1,000 per append,
+// straight into the log), then times a catch-up read of all of them over
+// HTTP, following Stream-Next-Offset until Stream-Up-To-Date.
+func readHTTP(ctx context.Context, file string, f appendFlags) (appendPhase, error) {
+	g, err := startBenchGateway(file, 1)
+	if err != nil {
+		return appendPhase{}, err
+	}
+	defer g.close()
+	if err := g.create(ctx, "bench", "application/octet-stream"); err != nil {
+		return appendPhase{}, err
+	}
+	rec := bytes.Repeat([]byte("x"), f.size)
+	batch := make([][]byte, 1000)
+	for i := range batch {
+		batch[i] = rec
+	}
+	for left := f.readRecords; left > 0; left -= len(batch) {
+		if _, err := g.db.Append(ctx, "bench", storage.AppendRequest{Records: batch[:min(left, len(batch))]}); err != nil {
+			return appendPhase{}, err
+		}
+	}
+	hist := newHistogram()
+	var n int64
+	start := time.Now()
+	for offset := "-1"; ; {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, g.base+"bench?offset="+offset, nil)
+		if err != nil {
+			return appendPhase{}, err
+		}
+		t0 := time.Now()
+		resp, body, err := g.do(req)
+		if err != nil {
+			return appendPhase{}, err
+		}
+		hist.shard(0).record(int64(time.Since(t0)))
+		n += int64(len(body))
+		if resp.Header.Get("Stream-Up-To-Date") == "true" {
+			break
+		}
+		offset = resp.Header.Get("Stream-Next-Offset")
+	}
+	elapsed := time.Since(start)
+	if want := int64(f.readRecords) * int64(f.size); n != want {
+		return appendPhase{}, fmt.Errorf("read %d bytes, want %d", n, want)
+	}
+	return appendPhase{Phase: "read", Producers: 1, Appends: 0, Seconds: round(elapsed.Seconds(), 3),
+		PerSecond: perSecond(float64(f.readRecords), elapsed), Latency: hist.snapshot().json(),
+		Records: int64(f.readRecords), Bytes: n, BytesPerSec: perSecond(float64(n), elapsed)}, nil
+}
