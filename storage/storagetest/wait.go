@@ -1,0 +1,160 @@
+package storagetest
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/syncgate/syncgate/storage"
+)
+
+var deleteTests = []test{
+	{"Recreate", func(t *testing.T, h *h) {
+		isErr(t, "missing", h.l.Delete(h.ctx, "s"), storage.ErrNotFound)
+		h.create("s", storage.CreateOptions{ContentType: "text/plain", Records: recs("a", "b")})
+		h.appendReq("s", storage.AppendRequest{Records: recs("c"), Producer: prod("p", 0, 0), StreamSeq: "z"})
+		if err := h.l.Delete(h.ctx, "s"); err != nil {
+			t.Fatal(err)
+		}
+		_, err := h.l.Head(h.ctx, "s")
+		isErr(t, "Head after delete", err, storage.ErrNotFound)
+		isErr(t, "Delete again", h.l.Delete(h.ctx, "s"), storage.ErrNotFound)
+		in := h.create("s", storage.CreateOptions{ContentType: "application/json"})
+		eq(t, "fresh tail", in.Tail, storage.ZeroOffset)
+		eq(t, "fresh content", h.content("s"), "")
+		r := h.appendReq("s", storage.AppendRequest{Records: recs("1"), Producer: prod("p", 0, 0), StreamSeq: "a"})
+		eq(t, "fresh producer state", r.Duplicate, false)
+	}},
+	{"Closed", func(t *testing.T, h *h) {
+		h.create("s", storage.CreateOptions{Closed: true})
+		if err := h.l.Delete(h.ctx, "s"); err != nil {
+			t.Fatal(err)
+		}
+		_, err := h.l.Head(h.ctx, "s")
+		isErr(t, "Head", err, storage.ErrNotFound)
+	}},
+}
+
+// waitResult runs Wait in a goroutine.
+func waitAsync(ctx context.Context, l Log, name, after string) <-chan error {
+	ch := make(chan error, 1)
+	go func() { ch <- l.Wait(ctx, name, after) }()
+	return ch
+}
+
+// notYet asserts that ch has not delivered within a short while. Absence
+// can only be observed by waiting; 100 ms keeps the suite fast.
+func notYet(t *testing.T, what string, ch <-chan error) {
+	t.Helper()
+	select {
+	case err := <-ch:
+		t.Fatalf("%s: Wait returned early: %v", what, err)
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+func waitFor(t *testing.T, what string, ch <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: Wait did not return", what)
+		return nil
+	}
+}
+
+var waitTests = []test{
+	{"Immediate", func(t *testing.T, h *h) {
+		h.create("s", storage.CreateOptions{})
+		h.append("s", "a")
+		if err := h.l.Wait(h.ctx, "s", storage.ZeroOffset); err != nil {
+			t.Fatal(err)
+		}
+		isErr(t, "missing", h.l.Wait(h.ctx, "nope", storage.ZeroOffset), storage.ErrNotFound)
+		isErr(t, "malformed", h.l.Wait(h.ctx, "s", "x"), storage.ErrBadRequest)
+		h.create("c", storage.CreateOptions{Closed: true})
+		if err := h.l.Wait(h.ctx, "c", storage.ZeroOffset); err != nil {
+			t.Fatalf("closed: %v", err)
+		}
+	}},
+	{"WakesOnAppend", func(t *testing.T, h *h) {
+		h.create("s", storage.CreateOptions{})
+		h.append("s", "a")
+		ch := waitAsync(h.ctx, h.l, "s", off(1))
+		notYet(t, "before append", ch)
+		h.append("s", "b")
+		if err := waitFor(t, "append", ch); err != nil {
+			t.Fatal(err)
+		}
+		res, err := h.l.Read(h.ctx, "s", off(1), 0)
+		if err != nil || len(res.Records) != 1 || string(res.Records[0].Data) != "b" {
+			t.Fatalf("read after wake: %+v %v", res, err)
+		}
+	}},
+	{"WakesOnClose", func(t *testing.T, h *h) {
+		h.create("s", storage.CreateOptions{})
+		ch := waitAsync(h.ctx, h.l, "s", storage.ZeroOffset)
+		notYet(t, "before close", ch)
+		h.appendReq("s", storage.AppendRequest{Close: true})
+		if err := waitFor(t, "close", ch); err != nil {
+			t.Fatal(err)
+		}
+	}},
+	{"WakesOnDelete", func(t *testing.T, h *h) {
+		h.create("s", storage.CreateOptions{})
+		ch := waitAsync(h.ctx, h.l, "s", storage.ZeroOffset)
+		notYet(t, "before delete", ch)
+		if err := h.l.Delete(h.ctx, "s"); err != nil {
+			t.Fatal(err)
+		}
+		isErr(t, "deleted", waitFor(t, "delete", ch), storage.ErrNotFound)
+		h.create("g", storage.CreateOptions{})
+		h.create("gf", storage.CreateOptions{ForkFrom: "g"})
+		ch = waitAsync(h.ctx, h.l, "g", storage.ZeroOffset)
+		notYet(t, "before soft delete", ch)
+		if err := h.l.Delete(h.ctx, "g"); err != nil {
+			t.Fatal(err)
+		}
+		isErr(t, "soft-deleted", waitFor(t, "soft delete", ch), storage.ErrGone)
+	}},
+	{"Context", func(t *testing.T, h *h) {
+		h.create("s", storage.CreateOptions{})
+		ctx, cancel := context.WithCancel(h.ctx)
+		ch := waitAsync(ctx, h.l, "s", storage.ZeroOffset)
+		notYet(t, "before cancel", ch)
+		cancel()
+		if err := waitFor(t, "cancel", ch); !errors.Is(err, context.Canceled) {
+			t.Fatalf("err = %v, want context.Canceled", err)
+		}
+	}},
+	{"ForkWakesOnOwnAppends", func(t *testing.T, h *h) {
+		h.create("s", storage.CreateOptions{Records: recs("a")})
+		in := h.create("f", storage.CreateOptions{ForkFrom: "s"})
+		if err := h.l.Wait(h.ctx, "f", storage.ZeroOffset); err != nil {
+			t.Fatalf("inherited data: %v", err)
+		}
+		ch := waitAsync(h.ctx, h.l, "f", in.Tail)
+		h.append("s", "source")
+		notYet(t, "source append", ch)
+		h.append("f", "fork")
+		if err := waitFor(t, "fork append", ch); err != nil {
+			t.Fatal(err)
+		}
+		eq(t, "fork", h.content("f"), "afork")
+	}},
+	{"Many", func(t *testing.T, h *h) {
+		h.create("s", storage.CreateOptions{})
+		chs := make([]<-chan error, 50)
+		for i := range chs {
+			chs[i] = waitAsync(h.ctx, h.l, "s", storage.ZeroOffset)
+		}
+		h.append("s", "a")
+		for _, ch := range chs {
+			if err := waitFor(t, "many", ch); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}},
+}
