@@ -1,0 +1,3 @@
+package storage_test
+
+const crashChildEnv = "SYNCGATE_STORAGE_CRASH_CHILD"
