@@ -351,7 +351,7 @@ func (s *session) sendSnapshot(sid, topic, lsn string) {
 // runReplay queues the records after `after` and then the held live
 // patches, and turns the subscription live.
 func (s *session) runReplay(ctx context.Context, sub *subscription, after string) {
-	srv, r := s.srv, sub.replay
+	srv, r, cursor := s.srv, sub.replay, after
 	mu := srv.seq.stripe(sub.topic)
 	mu.Lock()
 	through := r.through
@@ -386,7 +386,7 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, after string
 				return
 			}
 			if first {
-				s.sendAck(sub.sid, nil)
+				s.sendResumed(sub, cursor)
 				first = false
 			}
 			now := srv.cfg.Now().UnixMilli()
@@ -419,7 +419,7 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, after string
 			}
 		}
 		if first {
-			s.sendAck(sub.sid, nil)
+			s.sendResumed(sub, cursor)
 			first = false
 		}
 		mu.Lock()
@@ -439,6 +439,14 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, after string
 		mu.Unlock()
 		return
 	}
+}
+
+// sendResumed answers a subscribe whose cursor resumes: the ack, then a
+// snapshot with no rows at the cursor's offset, which the replayed patches
+// continue.
+func (s *session) sendResumed(sub *subscription, cursor string) {
+	s.sendAck(sub.sid, nil)
+	s.sendSnapshot(sub.sid, sub.topic, cursor)
 }
 
 // endPersisted releases what a persisted subscription holds.

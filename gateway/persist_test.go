@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/syncgate/syncgate/client"
 	"github.com/syncgate/syncgate/frames"
 	"github.com/syncgate/syncgate/gateway"
 	"github.com/syncgate/syncgate/internal/gwtest"
@@ -29,7 +31,12 @@ type persistNode struct {
 
 func startPersistNode(t *testing.T, dir string) *persistNode {
 	t.Helper()
-	db, err := storage.Open(filepath.Join(dir, "log.db"), nil)
+	return startPersistNodeWith(t, dir, nil)
+}
+
+func startPersistNodeWith(t *testing.T, dir string, opts *storage.Options) *persistNode {
+	t.Helper()
+	db, err := storage.Open(filepath.Join(dir, "log.db"), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,10 +59,23 @@ func startPersistNode(t *testing.T, dir string) *persistNode {
 	return n
 }
 
-// resume subscribes sid to topic from cursor lsn.
-func resume(c *gwtest.Conn, sid, topic, lsn string) {
+// sendResume subscribes sid to topic from cursor lsn.
+func sendResume(c *gwtest.Conn, sid, topic, lsn string) {
 	c.Send(&frames.Subscribe{Op: frames.OpAdd, SID: sid, Target: frames.Target{Kind: frames.TargetTopic, Topic: topic,
 		Cursor: &frames.Cursor{QID: "topic:" + topic, LSN: lsn, IDs: []string{}, At: 1}}})
+}
+
+// resume subscribes sid to topic from cursor lsn and checks the answer:
+// an ack, then a snapshot with no rows at the cursor.
+func resume(t *testing.T, c *gwtest.Conn, sid, topic, lsn string) {
+	t.Helper()
+	sendResume(c, sid, topic, lsn)
+	if ack := gwtest.Expect[*frames.Ack](c); ack.Ref != sid || ack.Error != nil {
+		t.Fatalf("resume ack %+v", ack)
+	}
+	if snap := gwtest.Expect[*frames.Snapshot](c); snap.SID != sid || snap.Cursor.LSN != lsn || len(snap.Rows) != 0 {
+		t.Fatalf("resume snapshot %+v, want no rows at %s", snap, lsn)
+	}
 }
 
 // collect reads patches for sid until it holds n inserts; it returns them.
@@ -182,10 +202,7 @@ func TestPersisted_ResumeAfterThousandAndAcrossRestart(t *testing.T) {
 	}
 	sub = gwtest.Dial(t, n.url, nil)
 	sub.Hello("", 0)
-	resume(sub, "s", "chat:r", cursor)
-	if ack := gwtest.Expect[*frames.Ack](sub); ack.Ref != "s" || ack.Error != nil {
-		t.Fatalf("resume ack %+v", ack)
-	}
+	resume(t, sub, "s", "chat:r", cursor)
 	check(sub, 0)
 	// Then live, with no duplicate at the seam.
 	live := pub.Publish("live", total, "chat:r", `"live"`)
@@ -201,8 +218,7 @@ func TestPersisted_ResumeAfterThousandAndAcrossRestart(t *testing.T) {
 	n = startPersistNode(t, dir)
 	sub = gwtest.Dial(t, n.url, nil)
 	sub.Hello("", 0)
-	resume(sub, "s", "chat:r", lsns[499])
-	gwtest.Expect[*frames.Ack](sub)
+	resume(t, sub, "s", "chat:r", lsns[499])
 	ops := collect(t, sub, "s", total+1-500)
 	for i, op := range ops {
 		if op.LSN != lsns[500+i] {
@@ -261,8 +277,7 @@ func TestPersisted_SeamUnderLoad(t *testing.T) {
 		c := gwtest.Dial(t, n.url, nil)
 		c.Hello("", 0)
 		k := 20 * i
-		resume(c, "s", "chat:s", all.Records[k].Offset)
-		gwtest.Expect[*frames.Ack](c)
+		resume(t, c, "s", "chat:s", all.Records[k].Offset)
 		subs, from = append(subs, c), append(from, k+1)
 	}
 	<-done
@@ -289,7 +304,7 @@ func TestPersisted_CursorNotFromTheLog(t *testing.T) {
 		frames.FormatOffset(1764430000000, 5), // an ephemeral topic's offset
 		"0000000000000000_0000000000000099",   // past the log's tail
 	} {
-		resume(c, "s", "chat:x", lsn)
+		sendResume(c, "s", "chat:x", lsn)
 		ack := gwtest.Expect[*frames.Ack](c)
 		if ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
 			t.Fatalf("cursor %s: ack %+v", lsn, ack)
@@ -318,5 +333,84 @@ func TestPersisted_TopicStreamNotJSON(t *testing.T) {
 	// The session survives.
 	if ack := c.Publish("k2", 1, "chat:ok", `1`); ack.Error != nil {
 		t.Fatalf("next publish: %+v", ack.Error)
+	}
+}
+
+// TestPersisted_GoClientResume resumes with package client: Subscribe
+// returns a live subscription that is not expired, and its patches carry
+// the backlog.
+func TestPersisted_GoClientResume(t *testing.T) {
+	t.Parallel()
+	n := startPersistNode(t, t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, n.url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	first, err := c.Subscribe(ctx, "chat:g", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cursor := first.Cursor()
+	if err := first.Drop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var lsns []string
+	for i := range 3 {
+		lsn, err := c.Publish(ctx, "chat:g", json.RawMessage(fmt.Sprint(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lsns = append(lsns, lsn)
+	}
+	sub, err := c.Subscribe(ctx, "chat:g", &cursor, nil)
+	if err != nil || sub.CursorExpired() {
+		t.Fatalf("resume: %v, expired %v", err, sub != nil && sub.CursorExpired())
+	}
+	var got []string
+	for len(got) < len(lsns) {
+		select {
+		case p := <-sub.Patches():
+			for _, op := range p.Patches {
+				got = append(got, op.LSN)
+			}
+		case <-ctx.Done():
+			t.Fatalf("resumed patches: got %v, want %v", got, lsns)
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(lsns) || sub.Cursor().LSN != lsns[2] {
+		t.Fatalf("resumed %v (cursor %s), want %v", got, sub.Cursor().LSN, lsns)
+	}
+}
+
+// TestPersisted_CursorPrunedByRetention: a cursor older than what the log
+// keeps gets X_CURSOR_EXPIRED and a fresh snapshot, never a silent gap.
+func TestPersisted_CursorPrunedByRetention(t *testing.T) {
+	t.Parallel()
+	n := startPersistNodeWith(t, t.TempDir(), &storage.Options{
+		Retention: storage.Retention{MaxRecords: 5}, MaintenanceInterval: 10 * time.Millisecond})
+	c := gwtest.Dial(t, n.url, nil)
+	c.Hello("", 0)
+	var lsns []string
+	for i := range 20 {
+		lsns = append(lsns, *c.Publish(fmt.Sprint("k", i), int64(i), "chat:p", fmt.Sprint(i)).LSN)
+	}
+	gwtest.Eventually(t, 10*time.Second, "retention prunes the topic's log", func() bool {
+		_, err := n.db.Read(context.Background(), "chat:p", lsns[0], 0)
+		return errors.Is(err, storage.ErrGone)
+	})
+	sendResume(c, "s", "chat:p", lsns[0])
+	ack := gwtest.Expect[*frames.Ack](c)
+	if ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired || !strings.Contains(ack.Error.Cause, "retention") {
+		t.Fatalf("resume from a pruned offset: %+v", ack)
+	}
+	if snap := gwtest.Expect[*frames.Snapshot](c); snap.Cursor.LSN != lsns[19] {
+		t.Fatalf("snapshot at %s, want the tail %s", snap.Cursor.LSN, lsns[19])
+	}
+	live := c.Publish("live", 20, "chat:p", `"live"`)
+	if op := collect(t, c, "s", 1)[0]; op.LSN != *live.LSN {
+		t.Fatalf("live after the expired resume: %s, want %s", op.LSN, *live.LSN)
 	}
 }
