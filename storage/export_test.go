@@ -1,0 +1,47 @@
+package storage
+
+import (
+	"context"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Test seams for package storage_test.
+
+// SetCommitHookForTest makes every write transaction call f just before
+// commit; an error from f fails the commit as a failed fsync would (a real
+// fsync failure cannot be produced in a test).
+func SetCommitHookForTest(o *Options, f func() error) { o.commitHook = f }
+
+// SetCompactMinBytesForTest lowers the file size from which Open compacts.
+func SetCompactMinBytesForTest(o *Options, n int64) { o.compactMinBytes = n }
+
+// BoltForTest returns the underlying bbolt database.
+func (db *DB) BoltForTest() *bolt.DB { return db.bolt }
+
+// MaintainForTest runs one maintenance pass through the writer and
+// returns its error.
+func (db *DB) MaintainForTest(ctx context.Context) error {
+	r := &request{op: opMaintain}
+	if err := db.submit(ctx, r); err != nil {
+		return err
+	}
+	return r.err
+}
+
+// AppendBatchForTest applies reqs to stream name in one transaction, in
+// order, as the group commit does with concurrent appends.
+func (db *DB) AppendBatchForTest(name string, reqs []AppendRequest) ([]AppendResult, []error) {
+	batch := make([]*request, len(reqs))
+	for i := range reqs {
+		batch[i] = &request{op: opAppend, name: name, app: &reqs[i], size: recordBytes(reqs[i].Records), done: make(chan struct{})}
+	}
+	db.commit(batch)
+	res := make([]AppendResult, len(reqs))
+	errs := make([]error, len(reqs))
+	for i, r := range batch {
+		errs[i] = r.err
+		res[i] = AppendResult{Offset: FormatOffset(r.res.last), Duplicate: r.res.dup, Epoch: r.res.epoch, Seq: r.res.seq, Closed: r.res.closed}
+	}
+	return res, errs
+}
