@@ -125,7 +125,7 @@ func TestDB_Restart(t *testing.T) {
 	mustCreate(t, db, "s", storage.CreateOptions{ContentType: "text/plain", TTL: time.Hour})
 	var offsets []string
 	for i := range 100 {
-		r := mustAppend(t, db, "s", storage.AppendRequest{Records: rec(fmt.Sprint(i%10)), Producer: &storage.Producer{ID: "p", Epoch: 1, Seq: int64(i)}, StreamSeq: fmt.Sprintf("%04d", i)})
+		r := mustAppend(t, db, "s", storage.AppendRequest{Records: rec(fmt.Sprint(i % 10)), Producer: &storage.Producer{ID: "p", Epoch: 1, Seq: int64(i)}, StreamSeq: fmt.Sprintf("%04d", i)})
 		offsets = append(offsets, r.Offset)
 	}
 	mustCreate(t, db, "f", storage.CreateOptions{ForkFrom: "s", ForkOffset: storage.FormatOffset(5)})
