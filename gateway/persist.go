@@ -275,8 +275,8 @@ type replay struct {
 	active  bool      // guarded by mu: live patches are held, not queued
 	held    []outItem // guarded by mu
 	lost    bool      // guarded by mu: held overflowed and was discarded
-	cancel  context.CancelFunc
-	done    chan struct{}
+	cancel  context.CancelFunc // set before the replayer starts
+	done    chan struct{}      // closed when the replayer returns
 	tailer  *tailer
 	through string // offset up to which the replayer reads; guarded by the stripe lock while active
 }
@@ -309,36 +309,47 @@ func (r *replay) stop() {
 // at the top of this file.
 func (s *session) subscribePersisted(ctx context.Context, f *frames.Subscribe, sub *subscription) error {
 	srv := s.srv
-	topic := f.Target.Topic
-	t, err := srv.acquireTailer(ctx, topic)
+	t, err := srv.acquireTailer(ctx, sub.topic)
 	if err != nil {
 		return err
 	}
 	sub.tailer = t
 	cursor := f.Target.Cursor
 	if cursor != nil {
-		rctx, cancel := context.WithCancel(s.ctx)
-		sub.replay = &replay{active: true, cancel: cancel, done: make(chan struct{}), tailer: t}
-		defer func() {
-			if err == nil {
-				r := sub.replay
-				go func() { defer close(r.done); s.runReplay(rctx, sub, cursor.LSN) }()
-			}
-		}()
+		sub.replay = &replay{active: true, done: make(chan struct{}), tailer: t}
 	}
-	mu := srv.seq.stripe(topic)
-	mu.Lock()
-	defer mu.Unlock()
-	if err = srv.transport.Subscribe(ctx, topic, sub); err != nil {
+	if err := s.joinLive(ctx, sub, cursor == nil); err != nil {
 		srv.releaseTailer(t)
 		return err
 	}
-	if cursor == nil {
-		s.sendAck(f.SID, nil)
-		s.sendSnapshot(f.SID, topic, t.published)
-		return nil
+	if r := sub.replay; r != nil {
+		rctx, cancel := context.WithCancel(s.ctx)
+		r.cancel = cancel
+		go func() {
+			defer close(r.done)
+			s.runReplay(rctx, sub, cursor.LSN)
+		}()
 	}
-	sub.replay.through = t.published
+	return nil
+}
+
+// joinLive registers sub with the transport under the topic's stripe
+// lock, so that every record after the tailer's published offset reaches
+// it. A fresh subscription is answered there (ack, snapshot at that
+// offset); a resuming one records the offset its replay reads up to.
+func (s *session) joinLive(ctx context.Context, sub *subscription, fresh bool) error {
+	mu := s.srv.seq.stripe(sub.topic)
+	mu.Lock()
+	defer mu.Unlock()
+	if err := s.srv.transport.Subscribe(ctx, sub.topic, sub); err != nil {
+		return err
+	}
+	if fresh {
+		s.sendAck(sub.sid, nil)
+		s.sendSnapshot(sub.sid, sub.topic, sub.tailer.published)
+	} else {
+		sub.replay.through = sub.tailer.published
+	}
 	return nil
 }
 
