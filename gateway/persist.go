@@ -272,9 +272,9 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 // replay is a replaying subscription's state.
 type replay struct {
 	mu      sync.Mutex
-	active  bool      // guarded by mu: live patches are held, not queued
-	held    []outItem // guarded by mu
-	lost    bool      // guarded by mu: held overflowed and was discarded
+	active  bool               // guarded by mu: live patches are held, not queued
+	held    []outItem          // guarded by mu
+	lost    bool               // guarded by mu: held overflowed and was discarded
 	cancel  context.CancelFunc // set before the replayer starts
 	done    chan struct{}      // closed when the replayer returns
 	tailer  *tailer
