@@ -61,7 +61,16 @@ type metrics struct {
 	deliveryLatency prometheus.Histogram
 	publishes       prometheus.Counter
 	writeDelay      prometheus.Gauge
+	tailers         prometheus.Gauge
+	resumes         map[string]prometheus.Counter
+	replayed        prometheus.Counter
 }
+
+// Resume outcomes label syncgate_resumes_total.
+const (
+	resumeReplayed = "replayed" // the backlog after the cursor was sent
+	resumeExpired  = "expired"  // X_CURSOR_EXPIRED: pruned, or not an offset of the log
+)
 
 func newMetrics(reg *prometheus.Registry) *metrics {
 	m := &metrics{
@@ -100,7 +109,20 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		writeDelay: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "syncgate_write_delay_seconds", Help: "Current pacing delay between a busy session's writes (0 while under the write budget).",
 		}),
-		drops: map[string]prometheus.Counter{},
+		tailers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "syncgate_persisted_tailers", Help: "Persisted topics with local subscribers (one log tailer each).",
+		}),
+		replayed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "syncgate_replayed_records_total", Help: "Log records sent to resuming subscriptions of persisted topics.",
+		}),
+		drops:   map[string]prometheus.Counter{},
+		resumes: map[string]prometheus.Counter{},
+	}
+	resumes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "syncgate_resumes_total", Help: "Subscribes with a cursor to persisted topics, by outcome.",
+	}, []string{"outcome"})
+	for _, o := range []string{resumeReplayed, resumeExpired} {
+		m.resumes[o] = resumes.WithLabelValues(o)
 	}
 	framesIn := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "syncgate_frames_in_total", Help: "Frames received, by type.",
@@ -125,7 +147,8 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		m.closes[r] = closes.WithLabelValues(r.String())
 	}
 	reg.MustRegister(m.sessions, m.accepted, m.rejected, framesIn, framesOut, m.badFrames,
-		m.errorsByCode, m.bytesIn, m.bytesOut, m.messagesOut, drops, closes, m.deliveryLatency, m.publishes, m.writeDelay)
+		m.errorsByCode, m.bytesIn, m.bytesOut, m.messagesOut, drops, closes, m.deliveryLatency, m.publishes, m.writeDelay,
+		m.tailers, m.replayed, resumes)
 	return m
 }
 

@@ -192,6 +192,7 @@ func (srv *Server) acquireTailer(ctx context.Context, topic string) (*tailer, er
 	tctx, cancel := context.WithCancel(srv.baseCtx)
 	t := &tailer{topic: topic, refs: 1, published: info.Tail, cancel: cancel}
 	srv.tailers[topic] = t
+	srv.metrics.tailers.Inc()
 	srv.wg.Go(func() { srv.tail(tctx, t, info.Tail) })
 	return t, nil
 }
@@ -203,6 +204,7 @@ func (srv *Server) releaseTailer(t *tailer) {
 	if t.refs--; t.refs == 0 {
 		t.cancel()
 		delete(srv.tailers, t.topic)
+		srv.metrics.tailers.Dec()
 	}
 }
 
@@ -369,6 +371,7 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, after string
 	mu.Unlock()
 	first := true
 	expired := func(cause string) {
+		srv.metrics.resumes[resumeExpired].Inc()
 		s.sendError(frames.NewError(frames.CodeCursorExpired, sub.sid, "subscribe.target.cursor: "+cause,
 			"treat messages after your cursor as lost; the snapshot that follows starts the subscription afresh"))
 		s.sendSnapshot(sub.sid, sub.topic, through)
@@ -404,6 +407,7 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, after string
 			ops, size := ops[:0], 0
 			flush := func() {
 				if len(ops) > 0 {
+					srv.metrics.replayed.Add(float64(len(ops)))
 					s.send(&frames.Patch{SID: sub.sid, Patches: ops, LSN: ops[len(ops)-1].LSN})
 				}
 				ops, size = ops[:0], 0
@@ -456,6 +460,7 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, after string
 // snapshot with no rows at the cursor's offset, which the replayed patches
 // continue.
 func (s *session) sendResumed(sub *subscription, cursor string) {
+	s.srv.metrics.resumes[resumeReplayed].Inc()
 	s.sendAck(sub.sid, nil)
 	s.sendSnapshot(sub.sid, sub.topic, cursor)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -57,6 +58,21 @@ func startPersistNodeWith(t *testing.T, dir string, opts *storage.Options) *pers
 	}
 	t.Cleanup(n.stop)
 	return n
+}
+
+// scrape returns the node's /metrics text.
+func (n *persistNode) scrape(t *testing.T) string {
+	t.Helper()
+	resp, err := http.Get(n.ts.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 // sendResume subscribes sid to topic from cursor lsn.
@@ -204,6 +220,12 @@ func TestPersisted_ResumeAfterThousandAndAcrossRestart(t *testing.T) {
 	sub.Hello("", 0)
 	resume(t, sub, "s", "chat:r", cursor)
 	check(sub, 0)
+	metrics := n.scrape(t)
+	for _, want := range []string{`syncgate_resumes_total{outcome="replayed"} 1`, "syncgate_replayed_records_total 1000", "syncgate_persisted_tailers 1"} {
+		if !strings.Contains(metrics, want+"\n") {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
 	// Then live, with no duplicate at the seam.
 	live := pub.Publish("live", total, "chat:r", `"live"`)
 	if op := collect(t, sub, "s", 1)[0]; op.LSN != *live.LSN {
