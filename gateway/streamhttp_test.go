@@ -777,3 +777,29 @@ func TestStreamHTTP_SSECursor(t *testing.T) {
 		t.Fatalf("echoed cursor %s, got %s", c1, c2)
 	}
 }
+
+// TestStreamHTTP_ShutdownEndsLiveReads checks that Shutdown ends SSE
+// responses and long-polls, so the http.Server's own Shutdown does not
+// wait out their lifetime.
+func TestStreamHTTP_ShutdownEndsLiveReads(t *testing.T) {
+	t.Parallel()
+	s := newStreamServer(t, gateway.Config{LongPollTimeout: time.Minute})
+	s.do(t, "PUT", "/v1/stream/live", hdr("Content-Type", "text/plain"), "").want(t, 201)
+	body := bufio.NewReader(s.openSSE(t, "/v1/stream/live?offset=now&live=sse").Body)
+	readSSE(t, body, func(e []sseEvent) bool { return len(e) == 1 })
+	poll := make(chan reply, 1)
+	go func() {
+		r, _ := s.try("GET", "/v1/stream/live?offset=now&live=long-poll", nil, "")
+		poll <- r
+	}()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.gw.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if evs := readSSE(t, body, func([]sseEvent) bool { return false }); len(evs) != 0 {
+		t.Fatalf("events after shutdown: %q", evs)
+	}
+	(<-poll).want(t, 204).wantHeader(t, "Stream-Next-Offset", zeroOffset)
+}
