@@ -439,7 +439,8 @@ func control(t *testing.T, e sseEvent) map[string]any {
 
 func TestStreamHTTP_SSE(t *testing.T) {
 	t.Parallel()
-	s := newStreamServer(t, gateway.Config{})
+	// No keep-alive events: the tests count events.
+	s := newStreamServer(t, gateway.Config{LongPollTimeout: time.Minute})
 	untilControl := func(n int) func([]sseEvent) bool {
 		return func(evs []sseEvent) bool {
 			c := 0
@@ -802,4 +803,16 @@ func TestStreamHTTP_ShutdownEndsLiveReads(t *testing.T) {
 		t.Fatalf("events after shutdown: %q", evs)
 	}
 	(<-poll).want(t, 204).wantHeader(t, "Stream-Next-Offset", zeroOffset)
+}
+
+func TestStreamHTTP_SSEKeepAlive(t *testing.T) {
+	t.Parallel()
+	s := newStreamServer(t, gateway.Config{LongPollTimeout: 20 * time.Millisecond})
+	s.do(t, "PUT", "/v1/stream/idle", hdr("Content-Type", "text/plain"), "x").want(t, 201)
+	evs := readSSE(t, s.openSSE(t, "/v1/stream/idle?offset=now&live=sse").Body, func(e []sseEvent) bool { return len(e) == 3 })
+	for _, e := range evs {
+		if m := control(t, e); m["upToDate"] != true || m["streamNextOffset"] != storage.FormatOffset(1) {
+			t.Fatalf("control %v", m)
+		}
+	}
 }
