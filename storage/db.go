@@ -107,6 +107,9 @@ type DB struct {
 	kick   chan struct{} // asks for an early maintenance pass
 	closer sync.Once
 
+	// Owned by the writer goroutine.
+	wcache map[uint64]*wstream
+
 	failed   atomic.Bool
 	isClosed atomic.Bool
 
@@ -155,6 +158,7 @@ func Open(path string, opts *Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("storage: open %s: %w", path, err)
 	}
+	bdb.AllocSize = 64 << 20 // grow the file (and fsync its size) rarely
 	err = bdb.Update(func(tx *bolt.Tx) error {
 		for _, name := range [][]byte{bucketNames, bucketMeta, bucketRecs, bucketProds, bucketDead} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
@@ -179,6 +183,7 @@ func Open(path string, opts *Options) (*DB, error) {
 		mdone:   make(chan struct{}),
 		kick:    make(chan struct{}, 1),
 		access:  make(map[uint64]int64),
+		wcache:  make(map[uint64]*wstream),
 		waiters: make(map[uint64]chan struct{}),
 	}
 	go db.writer()
@@ -193,6 +198,9 @@ func boltOptions(o *Options) *bolt.Options {
 		NoGrowSync:     o.NoSync,
 		NoFreelistSync: true,
 		FreelistType:   bolt.FreelistMapType,
+		// Address space only: avoids remapping (which waits for every
+		// read transaction) as the file grows.
+		InitialMmapSize: 1 << 30,
 	}
 }
 

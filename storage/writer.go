@@ -129,6 +129,7 @@ func (db *DB) commit(batch []*request) {
 	b := batch1{db: db, now: db.now()}
 	b.nowNs = b.now.UnixNano()
 	err := db.bolt.Update(func(tx *bolt.Tx) error {
+		defer b.endTx()
 		b.init(tx)
 		for _, r := range batch {
 			if err := b.apply(r); err != nil {
@@ -177,26 +178,31 @@ type batch1 struct {
 
 	names, metas, recs, prods, dead *bolt.Bucket
 
-	streams   map[uint64]*wstream
+	streams   map[uint64]*wstream // the writer's cache, db.wcache
+	touched   []*wstream          // loaded or used in this transaction
 	notify    []uint64
 	persisted map[uint64]int64 // read-access times written to meta
 	arena     []byte
 }
 
-// wstream is a stream loaded into a write transaction.
+// wstream is a stream as the writer knows it. The writer caches them
+// across transactions (db.wcache): it is the only writer, so the cache is
+// the committed state after each successful commit, and a failed commit
+// fails the DB for good, so a cache ahead of the file never matters.
 type wstream struct {
 	m       meta
-	dirty   bool
+	dirty   bool // meta changed in this transaction
 	removed bool
-	rec     *bolt.Bucket
+	inTx    bool         // in batch1.touched
+	rec     *bolt.Bucket // this transaction's record bucket, nil until used
 	prods   map[string]*prodEntry
 }
 
-// prodEntry is a producer's state loaded into a write transaction.
+// prodEntry is a producer's state as the writer knows it.
 type prodEntry struct {
-	st    prodState
-	found bool // known (and not expired) before this request
-	dirty bool
+	st     prodState
+	exists bool // stored (perhaps expired)
+	dirty  bool // changed in this transaction
 }
 
 func (b *batch1) init(tx *bolt.Tx) {
@@ -206,7 +212,35 @@ func (b *batch1) init(tx *bolt.Tx) {
 	b.recs = tx.Bucket(bucketRecs)
 	b.prods = tx.Bucket(bucketProds)
 	b.dead = tx.Bucket(bucketDead)
-	b.streams = make(map[uint64]*wstream)
+	if len(b.db.wcache) > maxCachedStreams {
+		clear(b.db.wcache)
+	}
+	b.streams = b.db.wcache
+}
+
+// maxCachedStreams bounds the writer's stream cache; it is dropped whole
+// when larger.
+const maxCachedStreams = 10000
+
+// use marks ws as part of this transaction.
+func (b *batch1) use(ws *wstream) *wstream {
+	if !ws.inTx {
+		ws.inTx = true
+		ws.rec = nil
+		b.touched = append(b.touched, ws)
+	}
+	return ws
+}
+
+// endTx resets the per-transaction state of the cached streams.
+func (b *batch1) endTx() {
+	for _, ws := range b.touched {
+		ws.inTx, ws.dirty, ws.rec = false, false, nil
+		for _, pe := range ws.prods {
+			pe.dirty = false
+		}
+	}
+	b.touched = b.touched[:0]
 }
 
 // alloc returns n bytes that stay valid for the transaction (bbolt keeps
@@ -216,7 +250,7 @@ func (b *batch1) alloc(n int) []byte {
 		if n >= 16<<10 {
 			return make([]byte, n)
 		}
-		b.arena = make([]byte, 0, 256<<10)
+		b.arena = make([]byte, 0, min(max(2*cap(b.arena), 4<<10), 256<<10))
 	}
 	l := len(b.arena)
 	b.arena = b.arena[:l+n]
@@ -233,10 +267,7 @@ func (b *batch1) byName(name string) (*wstream, error) {
 
 func (b *batch1) byID(id uint64) (*wstream, error) {
 	if ws, ok := b.streams[id]; ok {
-		if ws.removed {
-			return nil, nil
-		}
-		return ws, nil
+		return b.use(ws), nil
 	}
 	v := b.metas.Get(key8(id))
 	if v == nil {
@@ -247,7 +278,7 @@ func (b *batch1) byID(id uint64) (*wstream, error) {
 		return nil, err
 	}
 	b.streams[id] = ws
-	return ws, nil
+	return b.use(ws), nil
 }
 
 // metaByID adapts byID for chain reads.
@@ -285,10 +316,7 @@ func (b *batch1) producer(ws *wstream, pid string) (*prodEntry, error) {
 			if err := decodeProd(v, &pe.st); err != nil {
 				return nil, err
 			}
-			pe.found = b.nowNs-pe.st.used < int64(b.db.opts.ProducerTTL)
-			if !pe.found {
-				pe.st = prodState{}
-			}
+			pe.exists = true
 		}
 	}
 	ws.prods[pid] = pe
@@ -297,7 +325,8 @@ func (b *batch1) producer(ws *wstream, pid string) (*prodEntry, error) {
 
 // flush writes the dirty metas and producer states.
 func (b *batch1) flush() error {
-	for id, ws := range b.streams {
+	for _, ws := range b.touched {
+		id := ws.m.ID
 		if ws.removed {
 			continue
 		}
@@ -403,6 +432,9 @@ func (b *batch1) applyAppend(r *request) error {
 		}
 	}
 	if p != nil {
+		if pe.exists && b.nowNs-pe.st.used >= int64(b.db.opts.ProducerTTL) {
+			pe.st, pe.exists = prodState{}, false // idle too long: forgotten
+		}
 		dup, perr := checkProducer(pe, p)
 		if perr != nil {
 			r.err = perr
@@ -446,7 +478,7 @@ func (b *batch1) applyAppend(r *request) error {
 	}
 	if p != nil {
 		pe.st.admit(p.Epoch, p.Seq, m.Tail, b.nowNs)
-		pe.found, pe.dirty = true, true
+		pe.exists, pe.dirty = true, true
 		res.epoch, res.seq = p.Epoch, p.Seq
 	}
 	ws.dirty = true
@@ -460,7 +492,7 @@ func (b *batch1) applyAppend(r *request) error {
 // checkProducer applies the producer rules of [Producer] to the loaded
 // state; it mutates nothing.
 func checkProducer(pe *prodEntry, p *Producer) (dup bool, err error) {
-	if !pe.found {
+	if !pe.exists {
 		if p.Seq != 0 && !p.AllowGap {
 			return false, &ProducerError{Kind: KindGap, ExpectedSeq: 0, ReceivedSeq: p.Seq}
 		}
@@ -562,6 +594,7 @@ func (b *batch1) remove(ws *wstream) error {
 			return err
 		}
 		ws.removed = true
+		delete(b.streams, m.ID)
 		b.notify = append(b.notify, m.ID)
 		if m.SrcID == 0 {
 			return nil
@@ -676,8 +709,9 @@ func (b *batch1) applyCreate(r *request) error {
 		return err
 	}
 	m.ID = id
-	nws := &wstream{m: m, dirty: true}
+	nws := &wstream{m: m}
 	b.streams[id] = nws
+	b.use(nws).dirty = true
 	if err := b.names.Put([]byte(r.name), key8(id)); err != nil {
 		return err
 	}

@@ -1,0 +1,87 @@
+package storage_test
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/syncgate/syncgate/storage"
+)
+
+// benchAppend runs b.N appends of 200-byte records with fsync on, spread
+// over producers goroutines (each its own idempotent producer) writing to
+// streams streams, and reports appends/s and latency percentiles.
+func benchAppend(b *testing.B, producers, streams int) {
+	db := openDB(b, nil)
+	for s := range streams {
+		if _, _, err := db.Create(b.Context(), fmt.Sprintf("s%d", s), storage.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	payload := make([]byte, 200)
+	lat := make([][]time.Duration, producers)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	for p := range producers {
+		wg.Go(func() {
+			name := fmt.Sprintf("s%d", p%streams)
+			pr := &storage.Producer{ID: fmt.Sprintf("p%d", p)}
+			recs := [][]byte{payload}
+			var mine []time.Duration
+			for seq := int64(0); next.Add(1) <= int64(b.N); seq++ {
+				pr.Seq = seq
+				t0 := time.Now()
+				if _, err := db.Append(b.Context(), name, storage.AppendRequest{Records: recs, Producer: pr}); err != nil {
+					b.Error(err)
+					return
+				}
+				mine = append(mine, time.Since(t0))
+			}
+			lat[p] = mine
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	all := slices.Concat(lat...)
+	slices.Sort(all)
+	if len(all) == 0 {
+		return
+	}
+	pct := func(q float64) float64 { return float64(all[int(q*float64(len(all)-1))]) / 1e6 }
+	b.ReportMetric(float64(len(all))/elapsed.Seconds(), "appends/s")
+	b.ReportMetric(pct(0.50), "p50_ms")
+	b.ReportMetric(pct(0.99), "p99_ms")
+}
+
+func BenchmarkDB_Append(b *testing.B) {
+	b.Run("producers=1", func(b *testing.B) { benchAppend(b, 1, 1) })
+	b.Run("producers=256/streams=1", func(b *testing.B) { benchAppend(b, 256, 1) })
+	b.Run("producers=256/streams=256", func(b *testing.B) { benchAppend(b, 256, 256) })
+}
+
+// BenchmarkDB_Read measures a 100-record page read (200-byte records).
+func BenchmarkDB_Read(b *testing.B) {
+	db := openDB(b, &storage.Options{NoSync: true})
+	db.Create(b.Context(), "s", storage.CreateOptions{})
+	recs := make([][]byte, 1000)
+	for i := range recs {
+		recs[i] = make([]byte, 200)
+	}
+	if _, err := db.Append(b.Context(), "s", storage.AppendRequest{Records: recs}); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		if _, err := db.Read(b.Context(), "s", storage.FormatOffset(uint64(i%900)), 100*200); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
