@@ -112,6 +112,10 @@ type DB struct {
 
 	failed   atomic.Bool
 	isClosed atomic.Bool
+	// sendMu orders queueing against Close: senders hold it shared while
+	// they check isClosed and queue, Close takes it to set isClosed, so
+	// nothing is queued after the writer's final drain.
+	sendMu sync.RWMutex
 
 	// Guarded by mu.
 	mu      sync.Mutex
@@ -210,7 +214,9 @@ func boltOptions(o *Options) *bolt.Options {
 func (db *DB) Close() error {
 	var err error
 	db.closer.Do(func() {
+		db.sendMu.Lock()
 		db.isClosed.Store(true)
+		db.sendMu.Unlock()
 		close(db.quit)
 		<-db.mdone
 		<-db.wdone
@@ -246,12 +252,8 @@ func (db *DB) fail(err error) {
 // all.
 func (db *DB) submit(ctx context.Context, r *request) error {
 	r.done = make(chan struct{})
-	select {
-	case db.reqs <- r:
-	case <-db.quit:
-		return ErrClosedDB
-	case <-ctx.Done():
-		return ctx.Err()
+	if err := db.enqueue(ctx, r); err != nil {
+		return err
 	}
 	select {
 	case <-r.done:
@@ -265,6 +267,21 @@ func (db *DB) submit(ctx context.Context, r *request) error {
 		default:
 			return ErrClosedDB
 		}
+	}
+}
+
+// enqueue queues r for the writer. It fails only before queueing.
+func (db *DB) enqueue(ctx context.Context, r *request) error {
+	db.sendMu.RLock()
+	defer db.sendMu.RUnlock()
+	if db.isClosed.Load() {
+		return ErrClosedDB
+	}
+	select {
+	case db.reqs <- r:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 

@@ -531,3 +531,52 @@ func TestDB_BatchLimits(t *testing.T) {
 	_, err := db.Append(t.Context(), "s", storage.AppendRequest{Records: [][]byte{make([]byte, 3001)}})
 	wantErr(t, "over MaxAppendBytes", err, storage.ErrTooLarge)
 }
+
+func TestDB_AppendAsync(t *testing.T) {
+	db := openDB(t, &storage.Options{NoSync: true})
+	mustCreate(t, db, "s", storage.CreateOptions{})
+	const n = 500
+	var mu sync.Mutex
+	offsets := make([]string, n)
+	calls := make([]int, n)
+	var wg sync.WaitGroup
+	wg.Add(n)
+	for i := range n {
+		req := storage.AppendRequest{Records: rec(fmt.Sprintf("%03d", i)), Producer: &storage.Producer{ID: "p", Seq: int64(i)}}
+		db.AppendAsync("s", req, func(r storage.AppendResult, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				t.Errorf("async %d: %v", i, err)
+			}
+			offsets[i] = r.Offset
+			calls[i]++
+			wg.Done()
+		})
+	}
+	wg.Wait()
+	for i := range n {
+		if calls[i] != 1 || offsets[i] != storage.FormatOffset(uint64(i+1)) {
+			t.Fatalf("async %d: %d calls, offset %s", i, calls[i], offsets[i])
+		}
+	}
+	// Refused before queueing: done runs at once.
+	var got error
+	db.AppendAsync("bad\x00name", storage.AppendRequest{Records: rec("x")}, func(_ storage.AppendResult, err error) { got = err })
+	wantErr(t, "bad name", got, storage.ErrBadRequest)
+	// Queued before Close: committed and answered; after Close: refused.
+	var answered atomic.Int32
+	for i := range 100 {
+		db.AppendAsync("s", storage.AppendRequest{Records: rec(fmt.Sprint(i))}, func(_ storage.AppendResult, err error) {
+			if err == nil {
+				answered.Add(1)
+			}
+		})
+	}
+	db.Close()
+	if answered.Load() != 100 {
+		t.Fatalf("%d of 100 queued appends answered by Close", answered.Load())
+	}
+	db.AppendAsync("s", storage.AppendRequest{Records: rec("x")}, func(_ storage.AppendResult, err error) { got = err })
+	wantErr(t, "after Close", got, storage.ErrClosedDB)
+}

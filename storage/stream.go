@@ -105,6 +105,11 @@ func (db *DB) Append(ctx context.Context, name string, req AppendRequest) (Appen
 	if err := db.submit(ctx, r); err != nil {
 		return AppendResult{}, err
 	}
+	return r.appendResult()
+}
+
+// appendResult formats an answered append request's result.
+func (r *request) appendResult() (AppendResult, error) {
 	if r.err != nil {
 		return AppendResult{}, r.err
 	}
@@ -128,4 +133,30 @@ func (db *DB) Append(ctx context.Context, name string, req AppendRequest) (Appen
 		res.Offset = res.Offsets[r.res.n-1]
 	}
 	return res, nil
+}
+
+// AppendAsync is [DB.Append] without waiting for the commit: it queues the
+// append and returns; done is called exactly once with the outcome, on
+// the writer goroutine after the commit (or at once, on the caller's
+// goroutine, when the request is refused before queueing), so done must
+// not block or call the DB. Appends queued one after another by one
+// goroutine are applied in that order. AppendAsync blocks only while the
+// writer's queue is full (backpressure).
+func (db *DB) AppendAsync(name string, req AppendRequest, done func(AppendResult, error)) {
+	if err := db.begin(context.Background(), name); err != nil {
+		done(AppendResult{}, err)
+		return
+	}
+	if len(req.Records) == 0 && !req.Close {
+		done(AppendResult{}, fmt.Errorf("%w: no records", ErrBadRequest))
+		return
+	}
+	if p := req.Producer; p != nil && (p.ID == "" || p.Epoch < 0 || p.Seq < 0) {
+		done(AppendResult{}, fmt.Errorf("%w: bad producer id, epoch or seq", ErrBadRequest))
+		return
+	}
+	r := &request{op: opAppend, name: name, app: &req, size: recordBytes(req.Records), cb: done}
+	if err := db.enqueue(context.Background(), r); err != nil {
+		done(AppendResult{}, err)
+	}
 }

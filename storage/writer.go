@@ -25,8 +25,9 @@ type request struct {
 	name   string
 	create *CreateOptions
 	app    *AppendRequest
-	size   int64 // record bytes, for batching and the size check
-	done   chan struct{}
+	size   int64                     // record bytes, for batching and the size check
+	done   chan struct{}             // closed when answered, or
+	cb     func(AppendResult, error) // called when answered (AppendAsync)
 
 	// Answer.
 	err     error
@@ -122,7 +123,7 @@ func (db *DB) commit(batch []*request) {
 	if db.failed.Load() {
 		for _, r := range batch {
 			r.err = ErrFailed
-			close(r.done)
+			r.answer()
 		}
 		return
 	}
@@ -148,7 +149,7 @@ func (db *DB) commit(batch []*request) {
 		db.fail(err)
 		for _, r := range batch {
 			r.err = fmt.Errorf("%w: %v", ErrFailed, err)
-			close(r.done)
+			r.answer()
 		}
 		return
 	}
@@ -163,8 +164,17 @@ func (db *DB) commit(batch []*request) {
 	}
 	db.wake(b.notify)
 	for _, r := range batch {
-		close(r.done)
+		r.answer()
 	}
+}
+
+// answer hands r's outcome to its caller.
+func (r *request) answer() {
+	if r.cb != nil {
+		r.cb(r.appendResult())
+		return
+	}
+	close(r.done)
 }
 
 // batch1 is the state of one write transaction: buckets, the streams
