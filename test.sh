@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test.sh runs every check syncgate has: formatting, vet, staticcheck, the
-# race-enabled test suite and a short run of each fuzz target. It works on a
+# race-enabled test suite, the README snippet, the Durable Streams
+# conformance suite and a short run of each fuzz target. It works on a
 # fresh machine with Go 1.26 and the Go module proxy; `.ci/run` calls it.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -36,8 +37,20 @@ go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 step "go test -race"
 go test -race -count=1 -timeout 12m ./...
 
+step "node and npm"
+# The README snippet runs under Node; the Durable Streams conformance suite
+# is an npm package. A fresh machine may lack either.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+	echo "installing nodejs and npm with apt-get" >&2
+	apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null
+fi
+node --version && npm --version
+
 step "README browser snippet"
 ./scripts/readme-snippet.sh
+
+step "Durable Streams conformance (@durable-streams/server-conformance-tests)"
+./scripts/conformance.sh
 
 step "fuzz (${FUZZTIME} each)"
 # go test -fuzz takes one target in one package at a time.

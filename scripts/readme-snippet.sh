@@ -12,7 +12,7 @@ work=$(mktemp -d)
 trap 'kill "${pid:-}" 2>/dev/null || true; rm -rf "$work"' EXIT
 go build -o "$work/syncgate" ./cmd/syncgate
 port=18097
-"$work/syncgate" -addr "127.0.0.1:$port" -log-level warn >"$work/gateway.log" 2>&1 &
+"$work/syncgate" -addr "127.0.0.1:$port" -data-dir "$work/data" -log-level warn >"$work/gateway.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 100); do
 	(exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
