@@ -280,6 +280,11 @@ func (db *DB) enqueue(ctx context.Context, r *request) error {
 	select {
 	case db.reqs <- r:
 		return nil
+	default:
+	}
+	select {
+	case db.reqs <- r:
+		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}

@@ -22,7 +22,7 @@ func (db *DB) BoltForTest() *bolt.DB { return db.bolt }
 // MaintainForTest runs one maintenance pass through the writer and
 // returns its error.
 func (db *DB) MaintainForTest(ctx context.Context) error {
-	r := &request{op: opMaintain}
+	r := &request{op: opMaintain, maint: &maintStats{}}
 	if err := db.submit(ctx, r); err != nil {
 		return err
 	}

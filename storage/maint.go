@@ -29,7 +29,7 @@ func (db *DB) maintainLoop() {
 		case <-t.C:
 		case <-db.kick:
 		}
-		r := &request{op: opMaintain}
+		r := &request{op: opMaintain, maint: &maintStats{}}
 		if err := db.submit(context.Background(), r); err != nil {
 			if !errors.Is(err, ErrClosedDB) {
 				db.log.Error("storage: maintenance failed", "err", err)
@@ -38,7 +38,7 @@ func (db *DB) maintainLoop() {
 		}
 		if r.err != nil {
 			db.log.Warn("storage: maintenance step failed; retrying next tick", "err", r.err)
-		} else if s := r.maint; s != (maintStats{}) {
+		} else if s := *r.maint; s != (maintStats{}) {
 			db.log.Debug("storage: maintenance", "pruned", s.pruned, "producers_expired", s.producers, "streams_expired", s.expired, "records_cleared", s.cleared)
 		}
 	}
@@ -64,7 +64,11 @@ func (b *batch1) maintain(r *request) error {
 		}
 		if ws != nil {
 			ws.dirty = true
+			continue
 		}
+		db.mu.Lock()
+		delete(db.access, id) // the stream is gone
+		db.mu.Unlock()
 	}
 
 	ids = ids[:0]

@@ -23,11 +23,11 @@ func (db *DB) Create(ctx context.Context, name string, o CreateOptions) (info In
 	if err := validateCreate(&o); err != nil {
 		return Info{}, false, err
 	}
-	r := &request{op: opCreate, name: name, create: &o, size: recordBytes(o.Records)}
+	r := &request{op: opCreate, name: name, create: &o, size: recordBytes(o.Records), created: &createOut{}}
 	if err := db.submit(ctx, r); err != nil {
 		return Info{}, false, err
 	}
-	return r.info, r.created, r.err
+	return r.created.info, r.created.created, r.err
 }
 
 func validateCreate(o *CreateOptions) error {
@@ -120,7 +120,9 @@ func (r *request) appendResult() (AppendResult, error) {
 		Seq:       r.res.seq,
 		Closed:    r.res.closed,
 	}
-	if r.res.n > 0 {
+	if r.res.n == 1 {
+		res.Offsets = []string{res.Offset}
+	} else if r.res.n > 0 {
 		res.Offsets = make([]string, r.res.n)
 		buf := make([]byte, 0, r.res.n*offsetLen)
 		for i := range res.Offsets {

@@ -31,10 +31,15 @@ type request struct {
 
 	// Answer.
 	err     error
+	res     appendRes
+	created *createOut  // opCreate
+	maint   *maintStats // opMaintain
+}
+
+// createOut is a Create's answer.
+type createOut struct {
 	info    Info
 	created bool
-	res     appendRes
-	maint   maintStats
 }
 
 // appendRes is an append's outcome in positions; the caller formats the
@@ -193,6 +198,7 @@ type batch1 struct {
 	notify    []uint64
 	persisted map[uint64]int64 // read-access times written to meta
 	arena     []byte
+	scratch   []byte
 }
 
 // wstream is a stream as the writer knows it. The writer caches them
@@ -367,7 +373,10 @@ func (b *batch1) flush() error {
 					return err
 				}
 			}
-			if err := pb.Put([]byte(pid), pe.st.encode(make([]byte, 0, 32+4*len(pe.st.ring)))); err != nil {
+			b.scratch = pe.st.encode(b.scratch[:0])
+			v := b.alloc(len(b.scratch))
+			copy(v, b.scratch)
+			if err := pb.Put([]byte(pid), v); err != nil {
 				return err
 			}
 		}
@@ -643,7 +652,7 @@ func (b *batch1) applyCreate(r *request) error {
 				r.err = fmt.Errorf("%w: %q", ErrConflict, r.name)
 				return nil
 			}
-			r.info = ws.m.info()
+			r.created.info = ws.m.info()
 			return nil
 		}
 	}
@@ -740,7 +749,7 @@ func (b *batch1) applyCreate(r *request) error {
 	}
 	nws.m.Closed = o.Closed
 	b.notify = append(b.notify, id)
-	r.info, r.created = nws.m.info(), true
+	r.created.info, r.created.created = nws.m.info(), true
 	return nil
 }
 
