@@ -516,20 +516,38 @@ func TestDB_SameBatch(t *testing.T) {
 }
 
 func TestDB_BatchLimits(t *testing.T) {
+	// Batches are cut at MaxBatchBytes; a request bigger than that
+	// commits alone; MaxAppendBytes refuses.
 	db := openDB(t, &storage.Options{NoSync: true, MaxBatchBytes: 1000, MaxAppendBytes: 3000})
 	mustCreate(t, db, "s", storage.CreateOptions{})
 	var wg sync.WaitGroup
 	for i := range 20 {
 		wg.Go(func() {
-			_, err := db.Append(t.Context(), "s", storage.AppendRequest{Records: [][]byte{bytes.Repeat([]byte{'x'}, 100*i)}})
-			if i > 30 && !errors.Is(err, storage.ErrTooLarge) || i <= 30 && err != nil {
+			if _, err := db.Append(t.Context(), "s", storage.AppendRequest{Records: [][]byte{bytes.Repeat([]byte{'x'}, 150*i)}}); err != nil {
 				t.Errorf("append %d: %v", i, err)
 			}
 		})
 	}
 	wg.Wait()
+	if in, _ := db.Head(t.Context(), "s"); in.Tail != storage.FormatOffset(20) {
+		t.Fatalf("tail %s", in.Tail)
+	}
 	_, err := db.Append(t.Context(), "s", storage.AppendRequest{Records: [][]byte{make([]byte, 3001)}})
 	wantErr(t, "over MaxAppendBytes", err, storage.ErrTooLarge)
+}
+
+func TestDB_Wait_Expiry(t *testing.T) {
+	// Real clock: Wait notices expiry by itself (no commit wakes it).
+	db := openDB(t, &storage.Options{NoSync: true})
+	mustCreate(t, db, "s", storage.CreateOptions{TTL: 200 * time.Millisecond})
+	errc := make(chan error, 1)
+	go func() { errc <- db.Wait(t.Context(), "s", storage.ZeroOffset) }()
+	select {
+	case err := <-errc:
+		wantErr(t, "Wait on an expiring stream", err, storage.ErrNotFound)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Wait did not notice expiry")
+	}
 }
 
 func TestDB_AppendAsync(t *testing.T) {
