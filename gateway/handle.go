@@ -238,49 +238,42 @@ func (s *session) handleFrameMutate(ctx context.Context, f *frames.Mutate) {
 	if s.prod == nil {
 		s.prod = newProducer(s.epoch, s.srv.cfg.ProducerWindow)
 	}
-	s.prod.run(s.epoch, f, s.sendOutcome, func() outcome {
+	s.prod.run(s.epoch, f, s.sendOutcome, func() (outcome, <-chan outcome) {
 		return s.mutate(ctx, f)
 	})
 }
 
-// mutate carries out f; the producer records the outcome under f.Seq.
-func (s *session) mutate(ctx context.Context, f *frames.Mutate) outcome {
+// mutate carries out f; the producer records the outcome under f.Seq. A
+// publish to a persisted topic completes later: its outcome arrives on the
+// returned channel once the log has committed it.
+func (s *session) mutate(ctx context.Context, f *frames.Mutate) (outcome, <-chan outcome) {
 	o := outcome{key: f.Key}
 	if f.Name != "publish" {
 		o.err = frames.NewError(frames.CodeUnknownMutation, f.Key, "mutate.name: unknown mutation "+quote(f.Name),
 			`use a mutation this server knows: "publish"`)
-		return o
+		return o, nil
 	}
 	topic, data, ok := publishInput(f.Input)
 	if !ok {
 		o.err = frames.NewError(frames.CodeBadInput, f.Key, "mutate.input: publish wants an object {topic: string, data: any JSON}",
 			`send input like {"topic":"room:1","data":{"text":"hi"}}`)
-		return o
+		return o, nil
 	}
 	if err := validTopic(topic); err != nil {
 		o.err = frames.NewError(frames.CodeBadTopic, f.Key, "mutate.input.topic: "+err.Error(), topicFix)
-		return o
+		return o, nil
 	}
 	if s.srv.persisted(topic) {
-		var prod *storage.Producer
-		if s.clientID != "" {
-			prod = &storage.Producer{ID: s.clientID, Epoch: s.epoch, Seq: f.Seq, AllowGap: true}
-		}
-		lsn, err := s.srv.publishPersisted(ctx, topic, f.Key, prod, nil, data)
-		if err != nil {
-			o.err = s.logError(f.Key, "publish", topic, err)
-		}
-		o.lsn = lsn
-		return o
+		return s.publishPersisted(ctx, f, topic, data)
 	}
 	lsn, err := s.srv.publish(ctx, topic, nil, data)
 	if err != nil {
 		s.log().Warn("publish failed", "topic", topic, "err", err)
 		o.err = frames.NewError(frames.CodeInternal, f.Key, "the server could not publish", "retry the same mutate (same key and seq) later")
-		return o
+		return o, nil
 	}
 	o.lsn = lsn
-	return o
+	return o, nil
 }
 
 // sendOutcome acks a mutate with its (possibly replayed) outcome.

@@ -86,27 +86,49 @@ func (srv *Server) ensureStream(ctx context.Context, topic string) error {
 
 var errNotJSONStream = errors.New("the topic's stream exists with a content type other than application/json")
 
-// publishPersisted appends one message to topic's stream and returns its
-// offset once it is durable. A client-named producer makes the append
-// idempotent across reconnects and restarts.
-func (srv *Server) publishPersisted(ctx context.Context, topic, key string, prod *storage.Producer, actorID *string, data json.RawMessage) (string, error) {
+// publishPersisted appends mutate f's message to topic's stream. The
+// outcome, the record's offset, arrives on the returned channel once the
+// append is durable; a client-named producer makes the append idempotent
+// across reconnects and restarts. Appends are submitted in the order the
+// session's reader calls this, so one producer's seqs reach the log in
+// order.
+func (s *session) publishPersisted(ctx context.Context, f *frames.Mutate, topic string, data json.RawMessage) (outcome, <-chan outcome) {
+	srv := s.srv
 	if err := srv.ensureStream(ctx, topic); err != nil {
-		return "", err
+		return outcome{key: f.Key, err: s.logError(f.Key, "publish", topic, err)}, nil
 	}
-	rec := appendRecord(make([]byte, 0, len(data)+len(key)+64), key, data, actorID, srv.cfg.Now().UnixMilli())
+	var prod *storage.Producer
+	if s.clientID != "" {
+		// One client's seqs span every topic: in one topic's log they
+		// only increase (AllowGap).
+		prod = &storage.Producer{ID: s.clientID, Epoch: s.epoch, Seq: f.Seq, AllowGap: true}
+	}
+	rec := appendRecord(make([]byte, 0, len(data)+len(f.Key)+64), f.Key, data, nil, srv.cfg.Now().UnixMilli())
 	req := storage.AppendRequest{Records: [][]byte{rec}, Producer: prod}
-	res, err := srv.cfg.Log.Append(ctx, topic, req)
-	if errors.Is(err, storage.ErrNotFound) { // deleted over HTTP since ensureStream
-		srv.streams.Delete(topic)
-		if err = srv.ensureStream(ctx, topic); err == nil {
-			res, err = srv.cfg.Log.Append(ctx, topic, req)
+	later := make(chan outcome, 1)
+	result := func(res storage.AppendResult, err error) outcome {
+		if err != nil {
+			return outcome{key: f.Key, err: s.logError(f.Key, "publish", topic, err)}
 		}
+		srv.metrics.publishes.Inc()
+		return outcome{key: f.Key, lsn: res.Offset}
 	}
-	if err != nil {
-		return "", err
-	}
-	srv.metrics.publishes.Inc()
-	return res.Offset, nil
+	srv.cfg.Log.AppendAsync(topic, req, func(res storage.AppendResult, err error) {
+		if !errors.Is(err, storage.ErrNotFound) {
+			later <- result(res, err)
+			return
+		}
+		// Deleted over HTTP since ensureStream: make it anew and append
+		// there, off the log's goroutine.
+		go func() {
+			srv.streams.Delete(topic)
+			if err = srv.ensureStream(s.ctx, topic); err == nil {
+				res, err = srv.cfg.Log.Append(s.ctx, topic, req)
+			}
+			later <- result(res, err)
+		}()
+	})
+	return outcome{}, later
 }
 
 // appendRecord appends the stored form of a WebSocket publish.

@@ -436,3 +436,46 @@ func TestPersisted_CursorPrunedByRetention(t *testing.T) {
 		t.Fatalf("live after the expired resume: %s, want %s", op.LSN, *live.LSN)
 	}
 }
+
+// TestPersisted_PipelinedPublishes: one session's publishes do not wait
+// for each other's commit; the log holds them in seq order and each ack
+// names its record.
+func TestPersisted_PipelinedPublishes(t *testing.T) {
+	t.Parallel()
+	n := startPersistNode(t, t.TempDir())
+	c := gwtest.Dial(t, n.url, nil)
+	c.Hello("pipe", 0)
+	const total = 500
+	var msg strings.Builder
+	for i := range total {
+		if i > 0 {
+			msg.WriteByte('\n')
+		}
+		fmt.Fprintf(&msg, `{"type":"mutate","v":1,"key":"k%d","seq":%d,"name":"publish","input":{"topic":"chat:pipe","data":%d}}`, i, i, i)
+	}
+	c.SendRaw(msg.String()) // one message, 500 frames
+	lsnOf := map[string]string{}
+	for len(lsnOf) < total {
+		ack := gwtest.Expect[*frames.Ack](c)
+		if ack.Error != nil || ack.LSN == nil {
+			t.Fatalf("ack %+v", ack)
+		}
+		lsnOf[ack.Ref] = *ack.LSN
+	}
+	res, err := n.db.Read(context.Background(), "chat:pipe", storage.ZeroOffset, 1<<20)
+	if err != nil || len(res.Records) != total {
+		t.Fatalf("log holds %d records (%v), want %d", len(res.Records), err, total)
+	}
+	for i, r := range res.Records {
+		var rec struct {
+			Key  string `json:"key"`
+			Data int    `json:"data"`
+		}
+		if err := json.Unmarshal(r.Data, &rec); err != nil || rec.Data != i || rec.Key != fmt.Sprint("k", i) {
+			t.Fatalf("record %d: %s (%v)", i, r.Data, err)
+		}
+		if lsnOf[rec.Key] != r.Offset {
+			t.Fatalf("ack of %s named %s, the record is at %s", rec.Key, lsnOf[rec.Key], r.Offset)
+		}
+	}
+}

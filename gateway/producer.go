@@ -9,11 +9,40 @@ import (
 )
 
 // outcome is the recorded result of one mutate: an offset or a typed error.
+// A mutate that completes later (a persisted publish waiting for its
+// commit) is recorded at once with wait set; its lsn and err are then
+// those of wait.o once wait.done is closed.
 type outcome struct {
-	seq int64
-	key string
-	lsn string
-	err *frames.Error
+	seq  int64
+	key  string
+	lsn  string
+	err  *frames.Error
+	wait *pendingOutcome
+}
+
+// pendingOutcome is the result of a mutate still running.
+type pendingOutcome struct {
+	done chan struct{} // closed once o is set
+	o    outcome
+}
+
+// replyWhenDone calls reply with o, or with its result once it is known:
+// at once if it is, else from a goroutine that waits for it.
+func replyWhenDone(o outcome, reply func(outcome)) {
+	w := o.wait
+	if w == nil {
+		reply(o)
+		return
+	}
+	select {
+	case <-w.done:
+		reply(w.o)
+	default:
+		go func() {
+			<-w.done
+			reply(w.o)
+		}()
+	}
 }
 
 // producer is the mutation producer named by (hello.clientId, epoch), or a
@@ -24,6 +53,7 @@ type producer struct {
 	window   int
 
 	mu       sync.Mutex
+	inflight int              // guarded by mu: mutates recorded but still running
 	started  bool             // guarded by mu: a mutate has run on this node
 	epoch    int64            // guarded by mu
 	next     int64            // guarded by mu: the next expected seq
@@ -44,9 +74,17 @@ func (p *producer) resetLocked(epoch int64) {
 
 // run applies the producer rules to mutate f from a session on epoch, then
 // either replays a recorded outcome or calls exec and records its outcome.
-// reply is called with the outcome to ack, under p.mu so that acks of one
-// producer are queued in seq order.
-func (p *producer) run(epoch int64, f *frames.Mutate, reply func(outcome), exec func() outcome) {
+// reply is called with the outcome to ack.
+//
+// exec either returns the outcome, or returns a channel on which the
+// outcome arrives later (exactly one value; a persisted publish waiting for
+// its commit). Then the mutate is recorded as pending at once, so the next
+// seqs can run meanwhile, and reply is called when the outcome arrives, from
+// another goroutine: acks of a producer's synchronous mutates leave in seq
+// order, but a later mutate's ack may overtake a pending one's. At most
+// window/2 mutates of a producer are pending; beyond that run waits for
+// the outcome before it returns.
+func (p *producer) run(epoch int64, f *frames.Mutate, reply func(outcome), exec func() (outcome, <-chan outcome)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
@@ -68,7 +106,7 @@ func (p *producer) run(epoch int64, f *frames.Mutate, reply func(outcome), exec 
 	switch {
 	case f.Seq < p.next:
 		if o, ok := p.lookupLocked(f.Seq); ok {
-			reply(o)
+			replyWhenDone(o, reply)
 			return
 		}
 		reply(outcome{key: f.Key, err: frames.NewError(frames.CodeSeqForgotten, f.Key,
@@ -85,7 +123,16 @@ func (p *producer) run(epoch int64, f *frames.Mutate, reply func(outcome), exec 
 	if seq, ok := p.keys[f.Key]; ok {
 		o, _ = p.lookupLocked(seq) // the same mutation sent again under a new seq
 	} else {
-		o = exec()
+		var later <-chan outcome
+		o, later = exec()
+		if later != nil {
+			if p.inflight >= max(1, p.window/2) {
+				o = <-later // bound what is pending (and so never overwritten in the ring)
+			} else {
+				p.startPendingLocked(f, later, reply)
+				return
+			}
+		}
 	}
 	if o.err != nil && o.err.Code == frames.CodeInternal {
 		// The server failed, not the mutation: nothing is recorded, so a
@@ -96,7 +143,28 @@ func (p *producer) run(epoch int64, f *frames.Mutate, reply func(outcome), exec 
 	o.seq = f.Seq
 	p.recordLocked(o)
 	p.next++
-	reply(o)
+	replyWhenDone(o, reply)
+}
+
+// startPendingLocked records f as pending and answers it when later
+// delivers. An X_INTERNAL outcome stays recorded (unlike a synchronous
+// one): the seqs after it may have run, so it cannot be run again in
+// order. It only comes from a log that failed or closed, when the node is
+// going down.
+func (p *producer) startPendingLocked(f *frames.Mutate, later <-chan outcome, reply func(outcome)) {
+	w := &pendingOutcome{done: make(chan struct{})}
+	p.recordLocked(outcome{seq: f.Seq, key: f.Key, wait: w})
+	p.next++
+	p.inflight++
+	go func() {
+		w.o = <-later
+		w.o.seq, w.o.key = f.Seq, f.Key
+		close(w.done)
+		p.mu.Lock()
+		p.inflight--
+		p.mu.Unlock()
+		reply(w.o)
+	}()
 }
 
 func (p *producer) lookupLocked(seq int64) (outcome, bool) {

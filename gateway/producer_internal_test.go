@@ -1,8 +1,11 @@
 package gateway
 
 import (
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/syncgate/syncgate/frames"
 )
 
 // TestProducers_Cap: a full table forgets producers with no session, and
@@ -19,5 +22,69 @@ func TestProducers_Cap(t *testing.T) {
 	}
 	if tab.m["a"] != a || tab.m["c"] == nil {
 		t.Fatalf("table = %v", tab.m)
+	}
+}
+
+// TestProducer_PendingOutcome: a mutate whose outcome comes later is
+// recorded at once, so the next seq runs meanwhile, and a retry of it is
+// answered with the outcome once it arrives.
+func TestProducer_PendingOutcome(t *testing.T) {
+	p := newProducer(0, 8)
+	acks := make(chan outcome, 16)
+	reply := func(o outcome) { acks <- o }
+	later := make(chan outcome, 1)
+	p.run(0, &frames.Mutate{Key: "a", Seq: 0}, reply, func() (outcome, <-chan outcome) { return outcome{}, later })
+	p.run(0, &frames.Mutate{Key: "b", Seq: 1}, reply, func() (outcome, <-chan outcome) { return outcome{key: "b", lsn: "2"}, nil })
+	if o := <-acks; o.key != "b" || o.lsn != "2" {
+		t.Fatalf("seq 1 while seq 0 is pending: %+v", o)
+	}
+	// A retry of the pending seq and a new seq with its key both wait.
+	p.run(0, &frames.Mutate{Key: "a", Seq: 0}, reply, func() (outcome, <-chan outcome) { t.Fatal("ran a retry"); return outcome{}, nil })
+	p.run(0, &frames.Mutate{Key: "a", Seq: 2}, reply, func() (outcome, <-chan outcome) { t.Fatal("ran a repeated key"); return outcome{}, nil })
+	select {
+	case o := <-acks:
+		t.Fatalf("answered before the outcome: %+v", o)
+	default:
+	}
+	later <- outcome{lsn: "1"}
+	for range 3 {
+		if o := <-acks; o.key != "a" || o.lsn != "1" || o.seq != 0 {
+			t.Fatalf("pending outcome answered as %+v", o)
+		}
+	}
+	if p.next != 3 {
+		t.Fatalf("next = %d, want 3", p.next)
+	}
+}
+
+// TestProducer_PendingBound: beyond window/2 pending mutates, run waits
+// for the outcome instead of recording another pending one.
+func TestProducer_PendingBound(t *testing.T) {
+	p := newProducer(0, 4) // at most 2 pending
+	acks := make(chan outcome, 16)
+	reply := func(o outcome) { acks <- o }
+	chans := []chan outcome{make(chan outcome, 1), make(chan outcome, 1), make(chan outcome, 1)}
+	for i, ch := range chans[:2] {
+		p.run(0, &frames.Mutate{Key: fmt.Sprint(i), Seq: int64(i)}, reply, func() (outcome, <-chan outcome) { return outcome{}, ch })
+	}
+	chans[2] <- outcome{lsn: "third"} // ready, so the bounded wait returns at once
+	p.run(0, &frames.Mutate{Key: "2", Seq: 2}, reply, func() (outcome, <-chan outcome) { return outcome{}, chans[2] })
+	if o := <-acks; o.lsn != "third" {
+		t.Fatalf("third mutate: %+v", o)
+	}
+	p.mu.Lock()
+	inflight := p.inflight
+	p.mu.Unlock()
+	if inflight != 2 {
+		t.Fatalf("inflight = %d, want 2", inflight)
+	}
+	chans[0] <- outcome{lsn: "first"}
+	chans[1] <- outcome{lsn: "second"}
+	got := map[string]bool{}
+	for range 2 {
+		got[(<-acks).lsn] = true
+	}
+	if !got["first"] || !got["second"] {
+		t.Fatalf("pending acks %v", got)
 	}
 }

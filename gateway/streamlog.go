@@ -15,6 +15,11 @@ type StreamLog interface {
 	Head(ctx context.Context, name string) (storage.Info, error)
 	Delete(ctx context.Context, name string) error
 	Append(ctx context.Context, name string, req storage.AppendRequest) (storage.AppendResult, error)
+	// AppendAsync is Append without waiting: appends submitted one after
+	// another (by one goroutine) are applied in that order. done is called
+	// exactly once, possibly on the log's own goroutine, so it must not
+	// block or call the log.
+	AppendAsync(name string, req storage.AppendRequest, done func(storage.AppendResult, error))
 	Read(ctx context.Context, name, after string, maxBytes int) (storage.ReadResult, error)
 	Wait(ctx context.Context, name, after string) error
 }
