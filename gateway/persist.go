@@ -142,18 +142,6 @@ func appendRecord(dst []byte, key string, data json.RawMessage, actorID *string,
 	return append(dst, '}')
 }
 
-func appendActorAt(dst []byte, actorID *string, at int64) []byte {
-	dst = append(dst, `,"actorId":`...)
-	if actorID == nil {
-		dst = append(dst, "null"...)
-	} else {
-		b, _ := json.Marshal(*actorID)
-		dst = append(dst, b...)
-	}
-	dst = append(dst, `,"at":`...)
-	return strconv.AppendInt(dst, at, 10)
-}
-
 // recordRow turns a stored record into a topic row {id, data, actorId,
 // at} whose id is the record's offset. A record written by a WebSocket
 // publish carries data, actorId and at; any other JSON value (appended by

@@ -94,6 +94,12 @@ func appendRow(dst []byte, id string, data json.RawMessage, actorID *string, at 
 	dst = strconv.AppendQuote(dst, id) // offsets are ASCII digits and '_'
 	dst = append(dst, `,"data":`...)
 	dst = append(dst, data...)
+	dst = appendActorAt(dst, actorID, at)
+	return append(dst, '}')
+}
+
+// appendActorAt appends the ,"actorId":…,"at":… members of a row or record.
+func appendActorAt(dst []byte, actorID *string, at int64) []byte {
 	dst = append(dst, `,"actorId":`...)
 	if actorID == nil {
 		dst = append(dst, "null"...)
@@ -102,6 +108,5 @@ func appendRow(dst []byte, id string, data json.RawMessage, actorID *string, at 
 		dst = append(dst, b...)
 	}
 	dst = append(dst, `,"at":`...)
-	dst = strconv.AppendInt(dst, at, 10)
-	return append(dst, '}')
+	return strconv.AppendInt(dst, at, 10)
 }

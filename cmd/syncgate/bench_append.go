@@ -45,7 +45,7 @@ type appendPhase struct {
 	Producers   int         `json:"producers"`
 	Appends     int64       `json:"appends"`
 	Seconds     float64     `json:"seconds"`
-	PerSecond   float64     `json:"per_second"`
+	PerSecond   float64     `json:"per_second"` // acked appends, or records read in phase read
 	Latency     latencyJSON `json:"latency"`
 	Records     int64       `json:"records,omitempty"`
 	Bytes       int64       `json:"bytes,omitempty"`
@@ -104,11 +104,13 @@ func benchAppend(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		if err != nil {
 			return fmt.Errorf("bench append: %s: %w", phase, err)
 		}
-		fmt.Fprintf(stdout, "%-6s producers=%-4d appends=%-9d %12.0f/s  latency %s", r.Phase, r.Producers, r.Appends, r.PerSecond, r.Latency)
-		if r.Bytes > 0 {
-			fmt.Fprintf(stdout, "  %d records, %.1f MB/s", r.Records, r.BytesPerSec/1e6)
+		if r.Phase == "read" {
+			fmt.Fprintf(stdout, "%-6s %d records caught up at %.0f records/s, %.1f MB/s; per GET %s\n",
+				r.Phase, r.Records, r.PerSecond, r.BytesPerSec/1e6, r.Latency)
+		} else {
+			fmt.Fprintf(stdout, "%-6s producers=%-4d appends=%-9d %10.0f acked/s  latency %s\n",
+				r.Phase, r.Producers, r.Appends, r.PerSecond, r.Latency)
 		}
-		fmt.Fprintln(stdout)
 		results = append(results, r)
 	}
 	return writeJSON(stdout, map[string]any{"bench": "append", "size": f.size, "dur_s": f.dur.Seconds(), "phases": results})
@@ -222,27 +224,33 @@ func (g *benchGateway) do(req *http.Request) (*http.Response, []byte, error) {
 	return resp, body, err
 }
 
-func (g *benchGateway) create(ctx context.Context, name, contentType string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPut, g.base+name, nil)
+// startBenchStream starts a gateway and creates the octet-stream stream
+// "bench" through its HTTP API.
+func startBenchStream(ctx context.Context, file string, conns int) (*benchGateway, error) {
+	g, err := startBenchGateway(file, conns)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	req.Header.Set("Content-Type", contentType)
-	_, _, err = g.do(req)
-	return err
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, g.base+"bench", nil)
+	if err == nil {
+		req.Header.Set("Content-Type", "application/octet-stream")
+		_, _, err = g.do(req)
+	}
+	if err != nil {
+		g.close()
+		return nil, err
+	}
+	return g, nil
 }
 
 // appendHTTP appends through the Durable Streams API with idempotent
 // producer headers.
 func appendHTTP(ctx context.Context, file string, f appendFlags) (appendPhase, error) {
-	g, err := startBenchGateway(file, f.httpProducers)
+	g, err := startBenchStream(ctx, file, f.httpProducers)
 	if err != nil {
 		return appendPhase{}, err
 	}
 	defer g.close()
-	if err := g.create(ctx, "bench", "application/octet-stream"); err != nil {
-		return appendPhase{}, err
-	}
 	rec := bytes.Repeat([]byte("x"), f.size)
 	return timedProducers(ctx, "http", f.httpProducers, f.dur, func(ctx context.Context, i int, seq int64) error {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.base+"bench", bytes.NewReader(rec))
@@ -262,14 +270,11 @@ func appendHTTP(ctx context.Context, file string, f appendFlags) (appendPhase, e
 // straight into the log), then times a catch-up read of all of them over
 // HTTP, following Stream-Next-Offset until Stream-Up-To-Date.
 func readHTTP(ctx context.Context, file string, f appendFlags) (appendPhase, error) {
-	g, err := startBenchGateway(file, 1)
+	g, err := startBenchStream(ctx, file, 1)
 	if err != nil {
 		return appendPhase{}, err
 	}
 	defer g.close()
-	if err := g.create(ctx, "bench", "application/octet-stream"); err != nil {
-		return appendPhase{}, err
-	}
 	rec := bytes.Repeat([]byte("x"), f.size)
 	batch := make([][]byte, 1000)
 	for i := range batch {

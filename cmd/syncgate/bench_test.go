@@ -136,6 +136,30 @@ func TestBench_Topics(t *testing.T) {
 	}
 }
 
+// TestBench_Append runs every phase of bench append, briefly, on a
+// temporary directory: each phase appends (or reads) something, and the
+// read phase reads back exactly what it wrote.
+func TestBench_Append(t *testing.T) {
+	var res struct {
+		Phases []appendPhase `json:"phases"`
+	}
+	runBench(t, &res, "append", "-dur", "200ms", "-producers", "8", "-http-producers", "4",
+		"-read-records", "3000", "-dir", t.TempDir())
+	var names []string
+	for _, p := range res.Phases {
+		names = append(names, p.Phase)
+		if p.PerSecond <= 0 || p.Latency.Count == 0 {
+			t.Errorf("phase %s measured nothing: %+v", p.Phase, p)
+		}
+	}
+	if fmt.Sprint(names) != "[seq tx1 group http read]" {
+		t.Fatalf("phases %v", names)
+	}
+	if r := res.Phases[4]; r.Records != 3000 || r.Bytes != 3000*200 {
+		t.Fatalf("read phase %+v", r)
+	}
+}
+
 func TestBench_Connect(t *testing.T) {
 	t.Parallel()
 	url := startGateway(t)
