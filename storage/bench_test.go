@@ -85,3 +85,70 @@ func BenchmarkDB_Read(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkDB_WaitRead measures the tailing read path the gateway runs
+// per persisted topic at a low per-topic rate: in each round one appender
+// appends one 200-byte record to each of streams streams (AppendAsync, no
+// fsync, so mostly one commit per round) and waits until every stream's
+// tailer, looping Wait + Read, has read it. An op is one delivered
+// record; cpu-ns/rec is the process CPU time per record.
+func BenchmarkDB_WaitRead(b *testing.B) {
+	for _, streams := range []int{1, 16, 100} {
+		b.Run(fmt.Sprintf("streams=%d", streams), func(b *testing.B) { benchWaitRead(b, streams) })
+	}
+}
+
+func benchWaitRead(b *testing.B, streams int) {
+	db := openDB(b, &storage.Options{NoSync: true})
+	names := make([]string, streams)
+	for s := range names {
+		names[s] = fmt.Sprintf("s%d", s)
+		if _, _, err := db.Create(b.Context(), names[s], storage.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	rounds := max(b.N/streams, 1)
+	payload := make([]byte, 200)
+	got := make(chan int, streams)
+	var wg sync.WaitGroup
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu0 := cpuTime()
+	for _, name := range names {
+		wg.Go(func() {
+			after := storage.ZeroOffset
+			for n := 0; n < rounds; {
+				if err := db.Wait(b.Context(), name, after); err != nil {
+					b.Error(err)
+					return
+				}
+				res, err := db.Read(b.Context(), name, after, 256<<10)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				n += len(res.Records)
+				after = res.Next
+				got <- len(res.Records)
+			}
+		})
+	}
+	recs := [][]byte{payload}
+	failed := func(_ storage.AppendResult, err error) {
+		if err != nil {
+			b.Error(err)
+		}
+	}
+	for range rounds {
+		for _, name := range names {
+			db.AppendAsync(name, storage.AppendRequest{Records: recs}, failed)
+		}
+		for want := streams; want > 0; {
+			want -= <-got
+		}
+	}
+	wg.Wait()
+	cpu := cpuTime() - cpu0
+	b.StopTimer()
+	b.ReportMetric(float64(cpu.Nanoseconds())/float64(rounds*streams), "cpu-ns/rec")
+}
