@@ -106,6 +106,7 @@ type DB struct {
 	mdone  chan struct{} // closed when the maintenance loop exits
 	kick   chan struct{} // asks for an early maintenance pass
 	closer sync.Once
+	cache  *metaCache // decoded metas for readers; see cache.go
 
 	// Owned by the writer goroutine.
 	wcache map[uint64]*wstream
@@ -163,7 +164,9 @@ func Open(path string, opts *Options) (*DB, error) {
 		return nil, fmt.Errorf("storage: open %s: %w", path, err)
 	}
 	bdb.AllocSize = 64 << 20 // grow the file (and fsync its size) rarely
+	var gen uint64
 	err = bdb.Update(func(tx *bolt.Tx) error {
+		gen = uint64(tx.ID())
 		for _, name := range [][]byte{bucketNames, bucketMeta, bucketRecs, bucketProds, bucketDead} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
@@ -186,6 +189,7 @@ func Open(path string, opts *Options) (*DB, error) {
 		wdone:   make(chan struct{}),
 		mdone:   make(chan struct{}),
 		kick:    make(chan struct{}, 1),
+		cache:   newMetaCache(gen),
 		access:  make(map[uint64]int64),
 		wcache:  make(map[uint64]*wstream),
 		waiters: make(map[uint64]chan struct{}),

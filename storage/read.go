@@ -15,10 +15,10 @@ type segment struct {
 	id, lo, hi, pruned uint64
 }
 
-// chain returns the segments of m's offset space in ascending order: the
-// fork sources' records up to each fork offset, then m's own.
-func chain(m *meta, load func(uint64) (*meta, error)) ([]segment, error) {
-	segs := []segment{{m.ID, m.Base, m.Tail, m.Pruned}}
+// chain appends to dst the segments of m's offset space in ascending
+// order: the fork sources' records up to each fork offset, then m's own.
+func chain(dst []segment, m *meta, load func(uint64) (*meta, error)) ([]segment, error) {
+	segs := append(dst, segment{m.ID, m.Base, m.Tail, m.Pruned})
 	hi, cur := m.Base, m
 	for cur.SrcID != 0 {
 		src, err := load(cur.SrcID)
@@ -67,40 +67,13 @@ func scan(tx *bolt.Tx, segs []segment, after uint64, fn func(pos uint64, v []byt
 	return nil
 }
 
-// viewMeta loads the meta of name in tx (nil when there is none).
-func viewMeta(tx *bolt.Tx, name string) (*meta, error) {
-	v := tx.Bucket(bucketNames).Get([]byte(name))
-	if v == nil {
-		return nil, nil
-	}
-	return viewMetaByID(tx, binary.BigEndian.Uint64(v))
-}
-
-func viewMetaByID(tx *bolt.Tx, id uint64) (*meta, error) {
-	v := tx.Bucket(bucketMeta).Get(key8(id))
-	if v == nil {
-		return nil, nil
-	}
-	m := new(meta)
-	if err := decodeMeta(v, m); err != nil {
-		return nil, err
-	}
-	return m, nil
-}
-
-// liveMeta loads name and checks it is live at now.
-func (db *DB) liveMeta(tx *bolt.Tx, name string, now time.Time) (*meta, error) {
-	m, err := viewMeta(tx, name)
-	if err != nil {
-		return nil, err
-	}
+// live checks that m, the meta of name (nil when there is none), is live
+// at now.
+func (db *DB) live(m *meta, name string, now time.Time) error {
 	if m == nil {
-		return nil, fmt.Errorf("%w: %q", ErrNotFound, name)
+		return fmt.Errorf("%w: %q", ErrNotFound, name)
 	}
-	if err := stateErr(db.state(m, now), name); err != nil {
-		return nil, err
-	}
-	return m, nil
+	return stateErr(db.state(m, now), name)
 }
 
 // Head describes stream name. It never renews a TTL. A missing or expired
@@ -109,16 +82,14 @@ func (db *DB) Head(ctx context.Context, name string) (Info, error) {
 	if err := db.begin(ctx, name); err != nil {
 		return Info{}, err
 	}
-	var in Info
-	err := db.bolt.View(func(tx *bolt.Tx) error {
-		m, err := db.liveMeta(tx, name, db.now())
-		if err != nil {
-			return err
-		}
-		in = m.info()
-		return nil
-	})
-	return in, err
+	m, err := db.metaOf(name)
+	if err != nil {
+		return Info{}, err
+	}
+	if err := db.live(m, name, db.now()); err != nil {
+		return Info{}, err
+	}
+	return m.info(), nil
 }
 
 // begin runs the checks every call starts with.
@@ -159,8 +130,11 @@ func (db *DB) Read(ctx context.Context, name, after string, maxBytes int) (ReadR
 	var res ReadResult
 	err = db.bolt.View(func(tx *bolt.Tx) error {
 		now := db.now()
-		m, err := db.liveMeta(tx, name, now)
+		m, err := db.txMeta(tx, name)
 		if err != nil {
+			return err
+		}
+		if err := db.live(m, name, now); err != nil {
 			return err
 		}
 		if pos > m.Tail {
@@ -169,42 +143,49 @@ func (db *DB) Read(ctx context.Context, name, after string, maxBytes int) (ReadR
 		if m.TTL > 0 {
 			db.touchAccess(m.ID, now.UnixNano())
 		}
-		segs, err := chain(m, func(id uint64) (*meta, error) { return viewMetaByID(tx, id) })
+		var segBuf [4]segment
+		segs, err := chain(segBuf[:0], m, func(id uint64) (*meta, error) { return db.txMetaByID(tx, id) })
 		if err != nil {
 			return err
 		}
-		type ref struct {
-			pos   uint64
-			data  []byte
-			start bool
-		}
-		var refs []ref
+		// Gather the records (data still in tx) on the stack while few.
+		var (
+			recBuf [16]Record
+			posBuf [16]uint64
+		)
+		recs, poss := recBuf[:0], posBuf[:0]
 		total := 0
 		err = scan(tx, segs, pos, func(p uint64, v []byte) bool {
 			data, start, _ := recordData(v)
-			if len(refs) > 0 && total+len(data) > maxBytes {
+			if len(recs) > 0 && total+len(data) > maxBytes {
 				return false
 			}
-			refs = append(refs, ref{p, data, start})
+			recs = append(recs, Record{Data: data, Start: start})
+			poss = append(poss, p)
 			total += len(data)
 			return true
 		})
 		if err != nil {
 			return err
 		}
+		// A well-formed offset not beyond the tail is canonical: it is
+		// Next as given when nothing is returned.
+		res.Next = after
 		next := pos
-		if len(refs) > 0 {
-			buf := make([]byte, 0, total)
-			res.Records = make([]Record, len(refs))
-			for i, r := range refs {
-				l := len(buf)
-				buf = append(buf, r.data...)
-				res.Records[i] = Record{Offset: FormatOffset(r.pos), Data: buf[l:len(buf):len(buf)], Start: r.start}
+		if n := len(recs); n > 0 {
+			if n <= len(recBuf) {
+				res.Records = make([]Record, n) // recs is on the stack
+			} else {
+				res.Records = recs // already on the heap
 			}
-			next = refs[len(refs)-1].pos
+			copyRecords(res.Records, recs, poss, total)
+			res.Next = res.Records[n-1].Offset
+			next = poss[n-1]
 		}
-		res.Next = FormatOffset(next)
-		res.Tail = FormatOffset(m.Tail)
+		res.Tail = res.Next
+		if next != m.Tail {
+			res.Tail = FormatOffset(m.Tail)
+		}
 		res.UpToDate = next == m.Tail
 		res.Closed = m.Closed && next == m.Tail
 		res.ContentType = m.ContentType
@@ -214,6 +195,29 @@ func (db *DB) Read(ctx context.Context, name, after string, maxBytes int) (ReadR
 		return ReadResult{}, err
 	}
 	return res, nil
+}
+
+// copyRecords sets out (which may be recs) to recs, whose data is valid
+// only in the read transaction, with their data copied into one buffer of
+// total bytes and their offsets (positions poss) formatted into one
+// string.
+func copyRecords(out, recs []Record, poss []uint64, total int) {
+	buf := make([]byte, 0, total)
+	var offBuf [8 * offsetLen]byte
+	offs := offBuf[:0]
+	if len(recs) > len(offBuf)/offsetLen {
+		offs = make([]byte, 0, len(recs)*offsetLen)
+	}
+	for i, r := range recs {
+		l := len(buf)
+		buf = append(buf, r.Data...)
+		out[i] = Record{Data: buf[l:len(buf):len(buf)], Start: r.Start}
+		offs = appendOffset(offs, poss[i])
+	}
+	s := string(offs)
+	for i := range out {
+		out[i].Offset = s[i*offsetLen : (i+1)*offsetLen]
+	}
 }
 
 // Wait blocks until stream name has a record after offset after, or is
@@ -238,43 +242,31 @@ func (db *DB) Wait(ctx context.Context, name, after string) error {
 	}()
 	var id uint64 // the stream watched; 0 until known
 	for {
-		var (
-			ready  bool
-			ch     <-chan struct{}
-			expiry time.Time
-			again  bool
-		)
+		var ch <-chan struct{}
 		if id != 0 {
-			// Registered before the snapshot below: a commit it misses
-			// closes ch, so no wakeup is lost.
+			// Registered before the meta is read below: a commit it
+			// misses closes ch, so no wakeup is lost. (The cache is
+			// published before a commit wakes anyone.)
 			ch = db.watch(id)
 		}
-		err := db.bolt.View(func(tx *bolt.Tx) error {
-			now := db.now()
-			m, err := db.liveMeta(tx, name, now)
-			if err != nil {
-				return err
-			}
-			if pos > m.Tail {
-				return fmt.Errorf("%w: offset %s is beyond the tail %s", ErrBadRequest, after, FormatOffset(m.Tail))
-			}
-			if m.Closed || m.Tail > pos {
-				ready = true
-				return nil
-			}
-			if m.ID != id {
-				id, again = m.ID, true
-				return nil
-			}
-			expiry = db.expiry(m)
-			return nil
-		})
-		if err != nil || ready {
+		m, err := db.metaOf(name)
+		if err != nil {
 			return err
 		}
-		if again {
+		if err := db.live(m, name, db.now()); err != nil {
+			return err
+		}
+		if pos > m.Tail {
+			return fmt.Errorf("%w: offset %s is beyond the tail %s", ErrBadRequest, after, FormatOffset(m.Tail))
+		}
+		if m.Closed || m.Tail > pos {
+			return nil
+		}
+		if m.ID != id {
+			id = m.ID
 			continue
 		}
+		expiry := db.expiry(m)
 		var tc <-chan time.Time
 		if !expiry.IsZero() {
 			d := expiry.Sub(db.now())

@@ -158,6 +158,10 @@ func (db *DB) commit(batch []*request) {
 		}
 		return
 	}
+	// Publish before anything can observe the commit: the access entries
+	// dropped below are in the published metas, and woken waiters and
+	// answered callers must see the commit in the cache.
+	db.cache.publish(b.txid, b.ups)
 	if len(b.persisted) > 0 {
 		db.mu.Lock()
 		for id, v := range b.persisted {
@@ -188,6 +192,7 @@ func (r *request) answer() {
 type batch1 struct {
 	db    *DB
 	tx    *bolt.Tx
+	txid  uint64 // tx.ID(): the read transactions after the commit have it
 	now   time.Time
 	nowNs int64
 
@@ -197,6 +202,7 @@ type batch1 struct {
 	touched   []*wstream          // loaded or used in this transaction
 	notify    []uint64
 	persisted map[uint64]int64 // read-access times written to meta
+	ups       []cacheUpdate    // for the read cache after commit
 	arena     []byte
 	scratch   []byte
 }
@@ -223,6 +229,7 @@ type prodEntry struct {
 
 func (b *batch1) init(tx *bolt.Tx) {
 	b.tx = tx
+	b.txid = uint64(tx.ID())
 	b.names = tx.Bucket(bucketNames)
 	b.metas = tx.Bucket(bucketMeta)
 	b.recs = tx.Bucket(bucketRecs)
@@ -344,6 +351,7 @@ func (b *batch1) flush() error {
 	for _, ws := range b.touched {
 		id := ws.m.ID
 		if ws.removed {
+			b.ups = append(b.ups, cacheUpdate{id: id, name: ws.m.Name, removed: true})
 			continue
 		}
 		if ws.dirty {
@@ -361,6 +369,9 @@ func (b *batch1) flush() error {
 			if err := b.metas.Put(key8(id), v); err != nil {
 				return err
 			}
+			mc := new(meta)
+			*mc = ws.m
+			b.ups = append(b.ups, cacheUpdate{m: mc})
 		}
 		var pb *bolt.Bucket
 		for pid, pe := range ws.prods {
@@ -756,7 +767,7 @@ func (b *batch1) applyCreate(r *request) error {
 // subPrefix returns the fork prefix of sub records (JSON) or bytes of the
 // append that starts right after position at in the chain of sm.
 func (b *batch1) subPrefix(sm *meta, at uint64, sub int64) ([][]byte, error) {
-	segs, err := chain(sm, b.metaByID)
+	segs, err := chain(nil, sm, b.metaByID)
 	if err != nil {
 		return nil, err
 	}
