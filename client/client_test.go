@@ -531,7 +531,7 @@ func TestClient_Close_FullPatches(t *testing.T) {
 	// Close must unblock the read loop and fail what is still pending.
 	noErr(t, c.Close())
 	if p := lastErr.Load(); p == nil || !errors.Is(*p, net.ErrClosed) {
-		t.Errorf("last PublishAsync completed with %v, want net.ErrClosed", p)
+		t.Errorf("last PublishAsync completed with %v, want net.ErrClosed", *p)
 	}
 	var got int
 	for range sub.Patches() {

@@ -10,15 +10,19 @@
 // # Concurrency
 //
 // All methods of [Client] and [Subscription] may be called from any
-// goroutine. Each Client runs one read goroutine, owned by the Client and
-// waited for in Close. Frames are written one at a time under a write lock
-// with a write timeout ([Options.WriteTimeout]); a mutate's seq is assigned
-// under that lock, so seqs reach the wire in order.
+// goroutine. Each connection runs one read goroutine, owned by the Client
+// and waited for in Close; with [Options.Reconnect] one more goroutine
+// supervises the connections. Frames are written one at a time under a
+// write lock with a write timeout ([Options.WriteTimeout]); a mutate's seq
+// is assigned under a send lock held across the write, so seqs reach the
+// wire in order.
 //
 // # Callbacks and backpressure
 //
 // Patch handlers, PublishAsync completions and [Options.OnFrame] run on the
-// read goroutine, in the order the server sent the frames. While one runs,
+// read goroutine, in the order the server sent the frames (while one
+// connection takes over from another, both read goroutines run; a
+// subscription's handler is still called one patch at a time, in order). While one runs,
 // nothing else is read: that is backpressure by design, and a callback that
 // blocks for long stalls the whole connection (the server may then close it
 // as a slow consumer, 4001, or for a ping timeout, 4002). A callback must
@@ -34,5 +38,47 @@
 // [Client.Close] that error is net.ErrClosed. A server close is reported as
 // a websocket.CloseError: websocket.CloseStatus(c.Err()) gives its code.
 //
-// This package does not reconnect yet.
+// # Reconnecting
+//
+// Without [Options.Reconnect] a Client is one connection and ends with it.
+// With it, a Client outlives its connections:
+//
+//   - A reconnect frame {afterMs, reason} (a planned drain, an overload
+//     refusal) makes the Client open its next connection exactly afterMs
+//     after the frame arrived, with no jitter of its own: the server has
+//     already spread its clients. The take-over is make-before-break: the
+//     old connection keeps delivering until the new one has completed its
+//     hello and every subscription is live on it, then the Client closes
+//     the old one (1000). A close 1012 or 1013 after a reconnect frame is
+//     part of the plan, not a failure.
+//   - Any other end (read error, unexpected close, failed dial) is retried
+//     with full-jitter exponential backoff: attempt k waits a uniformly
+//     random time in [0, min(BackoffCap, BackoffBase·2^k)) (500 ms and
+//     30 s by default); k restarts at 0 once a connection stayed up for
+//     StableAfter (10 s).
+//   - Every connection says hello with the same clientId and epoch (Dial
+//     generates a clientId if Options.ClientID is empty), resubscribes
+//     every live subscription with the same sid from [Subscription.Cursor],
+//     and re-sends every mutate not yet acknowledged with its original key
+//     and seq, in seq order, before any new one: the server dedupes by
+//     (clientId, epoch, seq), so nothing acknowledged is lost and nothing
+//     is applied twice. Before a planned take-over the Client first lets
+//     the old connection acknowledge what it was sent (bounded wait), so
+//     the new node only gets what the old one never answered.
+//   - Patches keep arriving on the same [Subscription] (handler or Patches
+//     channel). A patch whose lsn is at or before the subscription's
+//     cursor is dropped ([Subscription.Duplicates]): during a take-over
+//     both connections carry the topic. A persisted topic resumes from the
+//     cursor with no gap; an ephemeral one cannot (X_CURSOR_EXPIRED): the
+//     subscription stays live from the new snapshot and the Client reports
+//     [EventCursorExpired].
+//   - [Options.URLFor] picks each attempt's URL (e.g. [RoundRobin]), so a
+//     client can move between nodes without a load balancer.
+//   - [Options.OnEvent] reports each step ([Event]); Dial retries too, and
+//     calls made while disconnected wait (Publish, Subscribe) or queue
+//     (PublishAsync) until the next connection takes over.
+//
+// Only Close ends a reconnecting Client. Calls bounded by a ctx give up
+// with it; a mutate given up on is still re-sent until acknowledged, since
+// its seq is spent.
 package client

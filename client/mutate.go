@@ -51,7 +51,7 @@ func (c *Client) PublishAsync(ctx context.Context, topic string, data json.RawMe
 	if err != nil {
 		return fmt.Errorf("client: publish input: %w", err)
 	}
-	_, _, err = c.sendMutate(ctx, MutationPublish, input, func(a *frames.Ack, err error) {
+	_, err = c.sendMutate(ctx, MutationPublish, input, func(a *frames.Ack, err error) {
 		if err == nil {
 			err = ackError(a)
 		}
@@ -69,14 +69,16 @@ func (c *Client) PublishAsync(ctx context.Context, topic string, data json.RawMe
 // Mutate returns the ack together with that error as a *frames.Error.
 //
 // If ctx ends first, Mutate returns ctx.Err(); the mutation may still be
-// applied, and its ack goes to [Options.OnFrame].
+// applied (with Reconnect it is still re-sent on a new connection until
+// acknowledged, since its seq is used), and its ack goes to
+// [Options.OnFrame].
 func (c *Client) Mutate(ctx context.Context, name string, input json.RawMessage) (*frames.Ack, error) {
 	type result struct {
 		ack *frames.Ack
 		err error
 	}
 	resc := make(chan result, 1)
-	key, w, err := c.sendMutate(ctx, name, input, func(a *frames.Ack, err error) {
+	m, err := c.sendMutate(ctx, name, input, func(a *frames.Ack, err error) {
 		resc <- result{a, err}
 	})
 	if err != nil {
@@ -86,7 +88,7 @@ func (c *Client) Mutate(ctx context.Context, name string, input json.RawMessage)
 	select {
 	case r = <-resc:
 	case <-ctx.Done():
-		if c.removeWaiter(key, w) {
+		if c.abandonMutation(m) {
 			return nil, ctx.Err()
 		}
 		r = <-resc // answered meanwhile
@@ -97,33 +99,89 @@ func (c *Client) Mutate(ctx context.Context, name string, input json.RawMessage)
 	return r.ack, ackError(r.ack)
 }
 
-// sendMutate assigns the next seq and its key, registers fn as the ack
-// waiter and writes the mutate, all under the write lock, so seqs reach the
-// wire in order. If it returns an error, fn is never called.
-func (c *Client) sendMutate(ctx context.Context, name string, input json.RawMessage, fn func(*frames.Ack, error)) (key string, w *waiter, err error) {
-	if err := c.lockWrite(ctx); err != nil {
-		return "", nil, err
+// sendMutate assigns the next seq and its key, records the mutation with
+// fn as its ack waiter and writes it on the current connection, all under
+// the send lock, so seqs reach the wire in order. If it returns an error,
+// fn is never called.
+//
+// With Reconnect a failed write, or no connection, is not an error: the
+// mutation is re-sent on the next connection.
+func (c *Client) sendMutate(ctx context.Context, name string, input json.RawMessage, fn func(*frames.Ack, error)) (*mutation, error) {
+	if err := c.lockSend(ctx); err != nil {
+		return nil, err
 	}
-	defer c.unlockWrite()
+	defer c.unlockSend()
 
 	seq := c.seq
-	key = c.keyPrefix + strconv.FormatInt(seq, 10)
-	msg, err := c.encodeLocked(&frames.Mutate{Key: key, Seq: seq, Name: name, Input: input})
+	key := c.keyPrefix + strconv.FormatInt(seq, 10)
+	msg, err := frames.AppendEncode(nil, &frames.Mutate{Key: key, Seq: seq, Name: name, Input: input})
 	if err != nil {
-		return "", nil, err // seq not used
+		return nil, fmt.Errorf("client: encode mutate: %w", err) // seq not used
 	}
-	w = &waiter{fn: fn}
-	if err := c.addWaiter(key, w); err != nil {
-		return "", nil, err
+	m := &mutation{seq: seq, key: key, msg: msg, fn: fn}
+	c.mu.Lock()
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		return nil, err
 	}
+	cn := c.cur
+	if cn == nil && !c.opts.Reconnect {
+		c.mu.Unlock()
+		return nil, c.lastConn().endErr()
+	}
+	c.mutates[key] = m
+	c.mu.Unlock()
 	// From here the seq counts as sent: a failed write ends the connection.
 	c.seq++
-	if err := c.writeLocked(msg); err != nil && c.removeWaiter(key, w) {
-		return "", nil, err
+	if cn == nil {
+		return m, nil // queued until a connection takes over
+	}
+	err = cn.sendRaw(context.Background(), msg)
+	if err != nil && !c.opts.Reconnect && c.takeMutation(m) {
+		return nil, err
 	}
 	// Written, or the write failed but the connection's end already
-	// claimed the waiter: fn reports the outcome either way.
-	return key, w, nil
+	// claimed the mutation (or will re-send it): fn reports the outcome.
+	return m, nil
+}
+
+// takeMutation forgets m and reports whether it was still waiting; if not,
+// m.fn has been called or is about to be.
+func (c *Client) takeMutation(m *mutation) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mutates[m.key] != m {
+		return false
+	}
+	delete(c.mutates, m.key)
+	if len(c.mutates) == 0 && c.idle != nil {
+		close(c.idle)
+		c.idle = nil
+	}
+	return true
+}
+
+// abandonMutation detaches the caller from m, which stays recorded (its
+// seq is used, so it must still reach the server), and reports whether it
+// did; if not, m.fn has been called or is about to be.
+func (c *Client) abandonMutation(m *mutation) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mutates[m.key] != m {
+		return false
+	}
+	if !c.opts.Reconnect {
+		// One connection: nothing will re-send it.
+		delete(c.mutates, m.key)
+		if len(c.mutates) == 0 && c.idle != nil {
+			close(c.idle)
+			c.idle = nil
+		}
+		return true
+	}
+	m.fn = nil
+	return true
 }
 
 // ackLSN returns the ack's lsn, or "".

@@ -10,14 +10,16 @@ import (
 )
 
 // Subscription is one active subscription, returned by
-// [Client.Subscribe]. Its methods may be called concurrently.
+// [Client.Subscribe]. Its methods may be called concurrently. With
+// [Options.Reconnect] it outlives connections: the Client resubscribes it
+// on every new one, from its cursor.
 type Subscription struct {
 	// Static after Subscribe.
 	c       *Client
 	sid     string
 	target  frames.Target
 	handler func(*frames.Patch)
-	patches chan *frames.Patch // nil when handler is set; sent to and closed by the read loop only
+	patches chan *frames.Patch // nil when handler is set; sent to and closed under dmu
 	ready   chan struct{}      // closed when settled
 
 	// Written before ready is closed, read-only after.
@@ -27,7 +29,23 @@ type Subscription struct {
 
 	// Guarded by c.mu. settled is set once the subscription is live (its
 	// snapshot arrived), failed, or abandoned by a cancelled Subscribe.
-	settled bool
+	settled   bool
+	abandoned bool
+	dropping  bool
+	via       *conn        // the connection of the latest subscribe add
+	expiredOn *conn        // that add was answered X_CURSOR_EXPIRED
+	snapOn    *conn        // the connection whose snapshot s follows
+	resume    *resumeGroup // the take-over waiting for its snapshot, or nil
+
+	// dmu is the delivery lock: two connections may carry patches for the
+	// subscription while one takes over from the other, and the handler
+	// must see them one at a time.
+	dmu sync.Mutex
+	// Guarded by dmu.
+	from   *conn // the connection whose patches are delivered
+	ended  bool  // Patches closed (or, with a handler, no more calls)
+	dups   int64 // patches dropped as already delivered
+	resets int64 // cursor expirations on resume
 
 	mu sync.Mutex
 	// Guarded by mu.
@@ -38,10 +56,11 @@ type Subscription struct {
 // cursor, to resume after it, when cursor is non-nil), waits for the ack and
 // the snapshot, and returns the live subscription.
 //
-// If handler is non-nil it is called from the read loop, in order, for every
-// patch of this subscription. It must not block for long: it blocks the read
-// loop, which is backpressure by design (see the package doc). If handler is
-// nil, patches go to [Subscription.Patches], a channel with a buffer of 1024;
+// If handler is non-nil it is called in order for every patch of this
+// subscription, one call at a time, from the read loop of the connection
+// carrying it. It must not block for long: it blocks that read loop, which
+// is backpressure by design (see the package doc). If handler is nil,
+// patches go to [Subscription.Patches], a channel with a buffer of 1024;
 // when it is full the read loop blocks until it is drained.
 //
 // An ack error is returned as a *frames.Error, except X_CURSOR_EXPIRED: the
@@ -50,7 +69,8 @@ type Subscription struct {
 //
 // If ctx ends first, Subscribe returns ctx.Err(). The server may still
 // start the subscription; its snapshot and patches then go to
-// [Options.OnFrame].
+// [Options.OnFrame]. With Reconnect, a Subscribe waiting while the Client
+// reconnects is sent on the new connection.
 func (c *Client) Subscribe(ctx context.Context, topic string, cursor *frames.Cursor, handler func(*frames.Patch)) (*Subscription, error) {
 	s := &Subscription{
 		c:       c,
@@ -61,30 +81,46 @@ func (c *Client) Subscribe(ctx context.Context, topic string, cursor *frames.Cur
 	if handler == nil {
 		s.patches = make(chan *frames.Patch, patchBuffer)
 	}
-	w := &waiter{fn: s.handleAddAck}
-
-	c.mu.Lock()
-	c.nextSID++
-	s.sid = "s" + strconv.FormatInt(c.nextSID, 10)
-	if err := c.addWaiterLocked(s.sid, w); err != nil {
-		c.mu.Unlock()
+	if err := c.lockSend(ctx); err != nil {
 		return nil, err
 	}
+	c.mu.Lock()
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		c.unlockSend()
+		return nil, err
+	}
+	c.nextSID++
+	s.sid = "s" + strconv.FormatInt(c.nextSID, 10)
+	cn := c.cur
+	if cn == nil && !c.opts.Reconnect {
+		c.mu.Unlock()
+		c.unlockSend()
+		return nil, c.lastConn().endErr()
+	}
 	c.subs[s.sid] = s
+	var err error
+	if cn != nil {
+		err = s.addOnLocked(cn, nil)
+	}
 	c.mu.Unlock()
-
-	err := c.Send(ctx, &frames.Subscribe{Op: frames.OpAdd, SID: s.sid, Target: s.target})
-	if err != nil {
-		if s.abandon(w) {
+	if cn != nil && err == nil {
+		err = cn.send(ctx, &frames.Subscribe{Op: frames.OpAdd, SID: s.sid, Target: s.target})
+	}
+	c.unlockSend()
+	if err != nil && !c.opts.Reconnect {
+		if s.abandon() {
 			return nil, err
 		}
 		// Settled already: the frame went out after all.
 	}
+	// With Reconnect a failed send is retried on the next connection.
 
 	select {
 	case <-s.ready:
 	case <-ctx.Done():
-		if s.abandon(w) {
+		if s.abandon() {
 			return nil, ctx.Err()
 		}
 		<-s.ready // settled meanwhile; it is closed already or about to be
@@ -95,9 +131,21 @@ func (c *Client) Subscribe(ctx context.Context, topic string, cursor *frames.Cur
 	return s, nil
 }
 
+// addOnLocked records that a subscribe add for s goes out on cn and queues
+// the handler of its ack. Caller holds c.mu.
+func (s *Subscription) addOnLocked(cn *conn, rg *resumeGroup) error {
+	if err := cn.addSubWaiterLocked(s.sid, func(a *frames.Ack, err error) { s.handleAddAck(cn, a, err) }); err != nil {
+		return err
+	}
+	s.via = cn
+	s.expiredOn = nil
+	s.resume = rg
+	return nil
+}
+
 // abandon forgets an unsettled subscription and reports whether it did; if
 // it was settled already, the result in s stands.
-func (s *Subscription) abandon(w *waiter) bool {
+func (s *Subscription) abandon() bool {
 	c := s.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -105,10 +153,11 @@ func (s *Subscription) abandon(w *waiter) bool {
 		return false
 	}
 	s.settled = true
-	c.removeWaiterLocked(s.sid, w)
+	s.abandoned = true
 	if c.subs[s.sid] == s {
 		delete(c.subs, s.sid)
 	}
+	s.resumeDoneLocked()
 	return true
 }
 
@@ -120,38 +169,147 @@ func (s *Subscription) settleLocked(err error) {
 	close(s.ready)
 }
 
-// handleAddAck is the waiter for the subscribe add ack. On success it
-// records an expired cursor and leaves the subscription waiting for its
-// snapshot.
-func (s *Subscription) handleAddAck(a *frames.Ack, err error) {
-	if err == nil {
-		err = ackError(a)
+// resumeDoneLocked tells the take-over waiting for s, if any, that s is
+// settled on the new connection. Caller holds c.mu.
+func (s *Subscription) resumeDoneLocked() {
+	if s.resume != nil {
+		s.resume.doneLocked()
+		s.resume = nil
+	}
+}
+
+// handleAddAck handles the ack of a subscribe add sent on cn. On success
+// the subscription waits for its snapshot. It runs on cn's read loop, or
+// with cn's error when cn ends first.
+func (s *Subscription) handleAddAck(cn *conn, a *frames.Ack, err error) {
+	c := s.c
+	if err != nil {
+		// The connection ended before the ack. Without Reconnect the
+		// Client's end settles s; with it, the next connection resends.
+		return
+	}
+	err = ackError(a)
+	c.mu.Lock()
+	if s.abandoned || s.via != cn {
+		c.mu.Unlock()
+		if s.abandoned {
+			c.onFrame(a)
+		}
+		return
 	}
 	var fe *frames.Error
 	if errors.As(err, &fe) && fe.Code == frames.CodeCursorExpired {
-		s.expired = true // read after ready is closed
+		s.expiredOn = cn
+		if !s.settled {
+			s.expired = true // read after ready is closed
+		}
+		c.mu.Unlock()
 		return
 	}
 	if err == nil {
+		c.mu.Unlock()
 		return
 	}
-	c := s.c
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if s.settled {
-		return // abandoned
-	}
+	// Refused: the subscription ends.
 	if c.subs[s.sid] == s {
 		delete(c.subs, s.sid)
 	}
-	s.settleLocked(err)
+	s.resumeDoneLocked()
+	first := !s.settled
+	if first {
+		s.settleLocked(err)
+	}
+	c.mu.Unlock()
+	if !first {
+		s.end()
+		c.emit(Event{Kind: EventSubscriptionFailed, URL: cn.url, Sub: s, Err: err})
+	}
 }
 
-// deliver hands p to the handler or the channel, after updating the cursor.
-// It runs on the read loop.
-func (s *Subscription) deliver(p *frames.Patch) {
+// handleFrameSnapshot settles the subscription waiting for it on cn, or
+// switches a resumed one over to cn.
+func (cn *conn) handleFrameSnapshot(f *frames.Snapshot) {
+	c := cn.c
+	c.mu.Lock()
+	s, ok := c.subs[f.SID]
+	if !ok || s.via != cn || s.snapOn == cn {
+		c.mu.Unlock()
+		c.onFrame(f) // a later snapshot, or one nobody waits for
+		return
+	}
+	s.snapOn = cn
+	expired := s.expiredOn == cn
+	first := !s.settled
+	if first {
+		s.snapshot = f // read after ready is closed
+	}
+	s.resumeDoneLocked()
+	c.mu.Unlock()
+
+	s.dmu.Lock()
+	s.from = cn
+	s.mu.Lock()
+	switch {
+	case first, expired:
+		// A fresh position: on a cursor the server could not resume, the
+		// snapshot's lsn is in the new node's offsets.
+		s.cursor = f.Cursor
+	case s.cursor.QID == "":
+		s.cursor = f.Cursor
+	}
+	s.mu.Unlock()
+	if !first && expired {
+		s.resets++
+	}
+	s.dmu.Unlock()
+
+	if first {
+		c.mu.Lock()
+		if !s.settled {
+			s.settleLocked(nil)
+		}
+		c.mu.Unlock()
+		return
+	}
+	if expired {
+		c.emit(Event{Kind: EventCursorExpired, URL: cn.url, Sub: s})
+	}
+}
+
+func (cn *conn) handleFramePatch(f *frames.Patch) {
+	c := cn.c
+	c.mu.Lock()
+	s, ok := c.subs[f.SID]
+	live := ok && s.settled
+	c.mu.Unlock()
+	if !live {
+		if !c.opts.Reconnect {
+			c.onFrame(f)
+		}
+		return
+	}
+	s.deliver(cn, f)
+}
+
+// deliver hands p, which arrived on cn, to the handler or the channel,
+// after updating the cursor. With Reconnect it drops patches from a
+// connection the subscription has moved away from, and patches at or
+// before the cursor (both connections carry them while one takes over).
+// It runs on cn's read loop.
+func (s *Subscription) deliver(cn *conn, p *frames.Patch) {
+	s.dmu.Lock()
+	defer s.dmu.Unlock()
+	if s.ended || s.from != cn {
+		return
+	}
 	if p.LSN != "" {
 		s.mu.Lock()
+		old := s.cursor.LSN
+		if s.c.opts.Reconnect && old != "" && p.LSN <= old {
+			s.mu.Unlock()
+			s.dups++
+			return
+		}
 		s.cursor.LSN = p.LSN
 		s.mu.Unlock()
 	}
@@ -165,91 +323,150 @@ func (s *Subscription) deliver(p *frames.Patch) {
 	}
 }
 
+// end closes the Patches channel (once) and stops deliveries.
+func (s *Subscription) end() {
+	s.dmu.Lock()
+	defer s.dmu.Unlock()
+	if s.ended {
+		return
+	}
+	s.ended = true
+	if s.patches != nil {
+		close(s.patches)
+	}
+}
+
 // SID returns the subscription id, unique within the Client.
 func (s *Subscription) SID() string { return s.sid }
+
+// Topic returns the subscribed topic.
+func (s *Subscription) Topic() string { return s.target.Topic }
 
 // Snapshot returns the snapshot the subscription started with. The caller
 // must not modify it.
 func (s *Subscription) Snapshot() *frames.Snapshot { return s.snapshot }
 
 // CursorExpired reports whether the cursor passed to Subscribe could not be
-// resumed, so the snapshot is a fresh one rather than a continuation.
+// resumed, so the snapshot is a fresh one rather than a continuation. For
+// expirations on later resumes see [EventCursorExpired].
 func (s *Subscription) CursorExpired() bool { return s.expired }
 
 // Patches returns the channel patches arrive on when Subscribe was given no
-// handler, or nil. It is closed after a successful [Subscription.Drop] and
-// when the connection ends.
+// handler, or nil. It is closed after a successful [Subscription.Drop],
+// when a resubscribe is refused ([EventSubscriptionFailed]) and when the
+// Client ends.
 func (s *Subscription) Patches() <-chan *frames.Patch { return s.patches }
 
 // Cursor returns the snapshot's cursor with LSN set to that of the last
 // patch delivered: the patch is counted as soon as it is handed to the
-// handler or put into the Patches channel.
+// handler or put into the Patches channel. After a resume whose cursor
+// expired, it is the new snapshot's cursor.
 func (s *Subscription) Cursor() frames.Cursor {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.cursor
 }
 
+// Duplicates returns how many patches were dropped because their lsn was
+// at or before the cursor (with Reconnect, while two connections overlap).
+func (s *Subscription) Duplicates() int64 {
+	s.dmu.Lock()
+	defer s.dmu.Unlock()
+	return s.dups
+}
+
 // Drop sends subscribe drop and waits for the ack. Once the ack arrives no
 // more patches are delivered and the Patches channel is closed. An ack
 // error is returned as a *frames.Error; X_NOT_SUBSCRIBED still ends the
-// subscription. Drop of a subscription already dropped returns nil.
+// subscription. Drop of a subscription already dropped returns nil. With
+// Reconnect, a Drop while disconnected, or whose connection ends before
+// the ack, ends the subscription at once (it is not resubscribed).
 //
-// If ctx ends first, Drop returns ctx.Err() and the subscription stays
-// live on the client; the ack goes to [Options.OnFrame].
+// If ctx ends first, Drop returns ctx.Err(); the drop takes effect when its
+// ack arrives.
 func (s *Subscription) Drop(ctx context.Context) error {
 	c := s.c
 	errc := make(chan error, 1)
-	w := &waiter{fn: func(a *frames.Ack, err error) {
-		if err == nil {
-			err = s.handleDropAck(a)
-		}
-		errc <- err
-	}}
-
+	if err := c.lockSend(ctx); err != nil {
+		return err
+	}
 	c.mu.Lock()
 	if c.err == nil && c.subs[s.sid] != s {
 		c.mu.Unlock()
+		c.unlockSend()
 		return nil
 	}
-	err := c.addWaiterLocked(s.sid, w)
+	cn := c.cur
+	if c.err == nil && cn == nil && c.opts.Reconnect {
+		delete(c.subs, s.sid)
+		s.resumeDoneLocked()
+		c.mu.Unlock()
+		c.unlockSend()
+		s.end()
+		return nil
+	}
+	var err error
+	switch {
+	case c.err != nil:
+		err = c.err
+	case cn == nil:
+		err = c.last.err
+	default:
+		s.dropping = true
+		err = cn.addSubWaiterLocked(s.sid, func(a *frames.Ack, err error) {
+			if err == nil {
+				err = s.handleDropAck(a)
+			} else if c.opts.Reconnect && !c.closed() {
+				// The connection ended: the server forgot s with it.
+				s.forget()
+				err = nil
+			}
+			errc <- err
+		})
+	}
 	c.mu.Unlock()
 	if err != nil {
+		c.unlockSend()
 		return err
 	}
-
-	err = c.Send(ctx, &frames.Subscribe{Op: frames.OpDrop, SID: s.sid, Target: s.target})
-	if err != nil && c.removeWaiter(s.sid, w) {
-		return err
+	err = cn.send(ctx, &frames.Subscribe{Op: frames.OpDrop, SID: s.sid, Target: s.target})
+	c.unlockSend()
+	if err != nil && !c.opts.Reconnect {
+		return err // the connection has ended, and with it the Client
 	}
 	select {
 	case err := <-errc:
 		return err
 	case <-ctx.Done():
-		if c.removeWaiter(s.sid, w) {
-			return ctx.Err()
-		}
-		return <-errc
+		return ctx.Err()
 	}
 }
 
-// handleDropAck ends the subscription unless the server refused the drop
-// for a reason other than not knowing the sid. It runs on the read loop,
-// the only sender on s.patches.
-func (s *Subscription) handleDropAck(a *frames.Ack) error {
-	err := ackError(a)
-	if a.Error != nil && a.Error.Code != frames.CodeNotSubscribed {
-		return err
-	}
+// forget ends s locally.
+func (s *Subscription) forget() {
 	c := s.c
 	c.mu.Lock()
 	owned := c.subs[s.sid] == s
 	if owned {
 		delete(c.subs, s.sid)
 	}
+	s.resumeDoneLocked()
 	c.mu.Unlock()
-	if owned && s.patches != nil {
-		close(s.patches)
+	if owned {
+		s.end()
 	}
+}
+
+// handleDropAck ends the subscription unless the server refused the drop
+// for a reason other than not knowing the sid.
+func (s *Subscription) handleDropAck(a *frames.Ack) error {
+	err := ackError(a)
+	if a.Error != nil && a.Error.Code != frames.CodeNotSubscribed {
+		s.c.mu.Lock()
+		s.dropping = false
+		s.c.mu.Unlock()
+		return err
+	}
+	s.forget()
 	return err
 }

@@ -1,0 +1,343 @@
+package client
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"slices"
+	"time"
+
+	"github.com/syncgate/syncgate/frames"
+)
+
+// takeOverWait bounds two waits of a take-over (make-before-break): for the
+// old connection's in-flight mutates to be acknowledged before the new
+// connection takes them, and for the new connection's resubscribe
+// snapshots before the old connection is closed.
+const takeOverWait = 10 * time.Second
+
+// EventKind says what an [Event] reports.
+type EventKind int
+
+// Event kinds.
+const (
+	// EventReconnectScheduled: the server sent a reconnect frame. Delay is
+	// its afterMs, Reason its reason; the Client opens its next connection
+	// at At + Delay, while the current one keeps delivering.
+	EventReconnectScheduled EventKind = iota + 1
+	// EventDisconnected: the current connection ended without a reconnect
+	// frame. Err says why; Delay is the backoff before the next attempt.
+	EventDisconnected
+	// EventDialFailed: connection attempt Attempt to URL failed with Err;
+	// Delay is the wait before the next one (the server's afterMs if it
+	// refused with a reconnect frame, Reason then set, else backoff).
+	EventDialFailed
+	// EventConnected: a new connection to URL completed its hello; the
+	// Client now resubscribes and re-sends on it.
+	EventConnected
+	// EventResumed: the new connection took over: every subscription is
+	// live on it (or failed, see EventSubscriptionFailed) and unacknowledged
+	// mutates were re-sent. Since is when the reconnect began: the
+	// scheduled time (Reason set), or when the connection was lost.
+	EventResumed
+	// EventCursorExpired: Sub could not be resumed from its cursor
+	// (X_CURSOR_EXPIRED, e.g. an ephemeral topic): it continues from a fresh
+	// snapshot, and messages between the old cursor and it are lost.
+	EventCursorExpired
+	// EventSubscriptionFailed: the new connection refused Sub's resubscribe
+	// with Err; Sub has ended (its Patches channel is closed).
+	EventSubscriptionFailed
+)
+
+var eventNames = map[EventKind]string{
+	EventReconnectScheduled: "reconnect-scheduled",
+	EventDisconnected:       "disconnected",
+	EventDialFailed:         "dial-failed",
+	EventConnected:          "connected",
+	EventResumed:            "resumed",
+	EventCursorExpired:      "cursor-expired",
+	EventSubscriptionFailed: "subscription-failed",
+}
+
+func (k EventKind) String() string {
+	if s, ok := eventNames[k]; ok {
+		return s
+	}
+	return fmt.Sprintf("EventKind(%d)", int(k))
+}
+
+// Event reports a step of reconnection to [Options.OnEvent]. Fields not
+// named by the Kind's doc are zero.
+type Event struct {
+	Kind    EventKind
+	At      time.Time // when it happened (Options.Now)
+	URL     string
+	Attempt int           // connection attempts since the Client was dialled (Dial's is 0)
+	Reason  string        // the server's reconnect reason, "" for an unscheduled one
+	Delay   time.Duration // see the Kind
+	Since   time.Time     // EventResumed: when the reconnect began
+	Err     error
+	Sub     *Subscription
+}
+
+// backoff returns the full-jitter delay before retry number attempt
+// (from 0): uniform in [0, min(cap, base·2^attempt)).
+func (c *Client) backoff(attempt int) time.Duration {
+	ceil := c.opts.BackoffCap
+	if attempt < 62 {
+		if d := c.opts.BackoffBase << attempt; d > 0 && d < ceil && d>>attempt == c.opts.BackoffBase {
+			ceil = d
+		}
+	}
+	return time.Duration(c.opts.Rand(int64(ceil)))
+}
+
+// untilDeadline returns how long from now until at+d.
+func (c *Client) untilDeadline(at time.Time, d time.Duration) time.Duration {
+	return at.Add(d).Sub(c.opts.Now())
+}
+
+// dialRetry makes the first connection for Dial with Reconnect, retrying
+// until ctx ends; a refused hello is final.
+func (c *Client) dialRetry(ctx context.Context) (*conn, error) {
+	url := c.url
+	for attempt, n := 0, 0; ; n++ {
+		if n > 0 && c.opts.URLFor != nil {
+			url = c.opts.URLFor(n)
+		}
+		cn, err := c.connect(ctx, url)
+		if err == nil {
+			return cn, nil
+		}
+		if r, ok := errors.AsType[*errHelloRefused](err); ok {
+			return nil, r.err
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		var wait time.Duration
+		reason := ""
+		if r, ok := errors.AsType[*retryError](err); ok {
+			wait = c.untilDeadline(r.at, time.Duration(r.frame.AfterMs)*time.Millisecond)
+			reason = r.reason
+		} else {
+			wait = c.backoff(attempt)
+			attempt++
+		}
+		c.emit(Event{Kind: EventDialFailed, URL: url, Attempt: n, Reason: reason, Delay: wait, Err: err})
+		if serr := c.opts.Sleep(ctx, wait); serr != nil {
+			return nil, fmt.Errorf("%w (last attempt: %w)", serr, err)
+		}
+	}
+}
+
+// supervise owns the Client's connections with Reconnect: it waits for the
+// current one to be told to move (a reconnect frame) or to end, opens the
+// next one at the right time, lets it take over, and on Close closes them
+// all and ends the Client.
+func (c *Client) supervise(ctx context.Context, cur *conn) {
+	attempt := 0 // backoff attempts since the last stable connection
+	n := 0       // connection attempts so far (Dial's counts as 0)
+	for ctx.Err() == nil {
+		// Wait for a reason to move.
+		var (
+			wait   time.Duration
+			reason string
+			since  time.Time
+		)
+		select {
+		case <-ctx.Done():
+			continue
+		case <-cur.wake:
+		case <-cur.done:
+		}
+		c.mu.Lock()
+		rf, rat, up, ended := cur.reconnect, cur.reconAt, cur.upAt, cur.err
+		c.mu.Unlock()
+		now := c.opts.Now()
+		if rf != nil {
+			delay := time.Duration(rf.AfterMs) * time.Millisecond
+			reason, wait, since = rf.Reason, c.untilDeadline(rat, delay), rat.Add(delay)
+			c.emit(Event{Kind: EventReconnectScheduled, At: rat, URL: cur.url, Reason: reason, Delay: delay})
+			attempt = 0 // a server-assigned delay is not a failure
+		} else {
+			if !up.IsZero() && now.Sub(up) >= c.opts.StableAfter {
+				attempt = 0
+			}
+			wait, since = c.backoff(attempt), now
+			attempt++
+			c.emit(Event{Kind: EventDisconnected, URL: cur.url, Delay: wait, Err: ended})
+		}
+
+		// Connect, retrying, then take over from cur (if still up).
+		for ctx.Err() == nil {
+			if c.opts.Sleep(ctx, wait) != nil {
+				break
+			}
+			n++
+			url := c.url
+			if c.opts.URLFor != nil {
+				url = c.opts.URLFor(n)
+			}
+			next, err := c.connect(ctx, url)
+			if err == nil {
+				c.emit(Event{Kind: EventConnected, URL: url, Attempt: n, Reason: reason})
+				if c.takeOver(ctx, cur, next) {
+					c.emit(Event{Kind: EventResumed, URL: url, Attempt: n, Reason: reason, Since: since})
+					cur = next
+					break
+				}
+				err = next.endErr()
+			}
+			if ctx.Err() != nil {
+				break
+			}
+			var rerr *retryError
+			switch {
+			case errors.As(err, &rerr):
+				wait = c.untilDeadline(rerr.at, time.Duration(rerr.frame.AfterMs)*time.Millisecond)
+				c.emit(Event{Kind: EventDialFailed, URL: url, Attempt: n, Reason: rerr.reason, Delay: wait, Err: err})
+			default:
+				// A refused hello is retried too: the next node may accept.
+				wait = c.backoff(attempt)
+				attempt++
+				c.emit(Event{Kind: EventDialFailed, URL: url, Attempt: n, Delay: wait, Err: unwrapRefused(err)})
+			}
+		}
+	}
+
+	// Closing: close every connection, wait for their read loops, end.
+	c.mu.Lock()
+	live := slices.Collect(maps.Keys(c.live))
+	c.mu.Unlock()
+	for _, cn := range live {
+		_ = cn.close()
+	}
+	c.conns.Wait()
+	c.shutdown(net.ErrClosed)
+}
+
+// takeOver makes next the current connection, make-before-break: old (the
+// previous current connection, possibly ended) keeps delivering while next
+// resubscribes every subscription from its cursor; in-flight mutates get
+// their acks on old, or are re-sent on next in seq order if old ends
+// first. old is closed once every subscription is live on next. It reports
+// whether next took over; if not, next has ended (or the Client is
+// closing).
+func (c *Client) takeOver(ctx context.Context, old, next *conn) bool {
+	if c.lockSend(ctx) != nil {
+		next.closeNow()
+		return false
+	}
+	// Let old answer what it was sent: a mutate re-sent elsewhere would
+	// be applied twice where the two nodes do not share a producer table.
+	c.waitMutates(ctx, old, next)
+
+	rg := &resumeGroup{done: make(chan struct{})}
+	var adds []*Subscription
+	c.mu.Lock()
+	for _, s := range c.subs {
+		if s.abandoned || s.dropping {
+			continue
+		}
+		if err := s.addOnLocked(next, rg); err != nil {
+			break // next has ended; its error is found below
+		}
+		rg.left++
+		adds = append(adds, s)
+	}
+	if rg.left == 0 {
+		close(rg.done)
+	}
+	ms := slices.SortedFunc(maps.Values(c.mutates), func(a, b *mutation) int { return cmp.Compare(a.seq, b.seq) })
+	c.mu.Unlock()
+
+	ok := true
+	for _, s := range adds {
+		cur := s.Cursor()
+		target := s.target
+		if cur.QID != "" {
+			target.Cursor = &cur
+		}
+		if next.send(ctx, &frames.Subscribe{Op: frames.OpAdd, SID: s.sid, Target: target}) != nil {
+			ok = false
+			break
+		}
+	}
+	for _, m := range ms {
+		if !ok {
+			break
+		}
+		if next.sendRaw(ctx, m.msg) != nil {
+			ok = false
+		}
+	}
+	c.mu.Lock()
+	if ok && next.err == nil && c.err == nil {
+		c.cur, c.last = next, next
+	} else {
+		ok = false
+	}
+	c.mu.Unlock()
+	c.unlockSend()
+	if !ok {
+		next.closeNow()
+		return false
+	}
+	next.setCurrent(c.opts.Now())
+
+	// Make before break: old goes once next carries every subscription.
+	t := time.NewTimer(takeOverWait)
+	defer t.Stop()
+	select {
+	case <-rg.done:
+	case <-next.done:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	if old != nil && old != next {
+		_ = old.close()
+	}
+	return true
+}
+
+// waitMutates waits, bounded, until no mutate is unacknowledged, while old
+// is up. Caller holds the send lock, so no new ones start.
+func (c *Client) waitMutates(ctx context.Context, old, next *conn) {
+	c.mu.Lock()
+	if len(c.mutates) == 0 || old == nil || old.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	if c.idle == nil {
+		c.idle = make(chan struct{})
+	}
+	idle := c.idle
+	c.mu.Unlock()
+	t := time.NewTimer(takeOverWait)
+	defer t.Stop()
+	select {
+	case <-idle:
+	case <-old.done:
+	case <-next.done:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// resumeGroup counts the subscriptions a take-over waits for. Guarded by
+// c.mu.
+type resumeGroup struct {
+	left int
+	done chan struct{} // closed when left reaches 0
+}
+
+func (rg *resumeGroup) doneLocked() {
+	rg.left--
+	if rg.left == 0 {
+		close(rg.done)
+	}
+}
