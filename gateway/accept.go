@@ -3,9 +3,17 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"io"
 	"net"
 	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/syncgate/syncgate/frames"
 )
 
 // readBufferSize is the size of a session's connection read buffer. Client
@@ -54,3 +62,87 @@ func (h hijackSizer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (h hijackSizer) Unwrap() http.ResponseWriter { return h.ResponseWriter }
+
+// refusalText is the close reason a refused WebSocket client reads, by
+// refusal reason.
+var refusalText = map[string]string{
+	rejectRate:        "over the accept rate: reconnect as the reconnect frame said",
+	rejectMaxSessions: "node full: reconnect as the reconnect frame said",
+	rejectDraining:    "server draining: reconnect as the reconnect frame said",
+}
+
+// refuse turns a client away for reason, telling it to come back after
+// after. A browser cannot read the status of a refused upgrade, so a
+// WebSocket client gets the upgrade, one reconnect frame and a close: 1013
+// (try again later) when the node is over budget, 1012 (service restart)
+// when it is draining. Nothing else is done for it: no session, no hello.
+// Any other request gets 503 with Retry-After.
+func (s *Server) refuse(w http.ResponseWriter, r *http.Request, reason string, after time.Duration) {
+	if !isWebSocketUpgrade(r) || !s.track() {
+		s.refusePlain(w, reason, after)
+		return
+	}
+	defer s.wg.Done()
+	s.metrics.rejected[reason].Inc()
+	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{
+		OriginPatterns:  s.cfg.AllowedOrigins,
+		CompressionMode: websocket.CompressionDisabled,
+	})
+	if err != nil {
+		return // Accept has written the HTTP error
+	}
+	frameReason, code := frames.ReasonOverload, websocket.StatusTryAgainLater
+	if reason == rejectDraining {
+		frameReason, code = frames.ReasonDrain, websocket.StatusServiceRestart
+	}
+	s.sayReconnect(conn, frameReason, after, code, refusalText[reason])
+}
+
+// refusePlain answers 503 with Retry-After (whole seconds, rounded up).
+func (s *Server) refusePlain(w http.ResponseWriter, reason string, after time.Duration) {
+	s.metrics.rejected[reason].Inc()
+	secs := max(1, int64((after+time.Second-1)/time.Second))
+	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	msg := "server is shutting down"
+	switch reason {
+	case rejectRate:
+		msg = "over the accept rate; retry after the Retry-After delay"
+	case rejectMaxSessions:
+		msg = "node full; retry after the Retry-After delay"
+	case rejectDraining:
+		msg = "server draining; retry after the Retry-After delay (another node should answer)"
+	}
+	http.Error(w, msg, http.StatusServiceUnavailable)
+}
+
+// sayReconnect sends one reconnect frame on a connection that is not a
+// session, then closes it with code. The close waits (briefly, bounded by
+// coder/websocket) for the client's close frame, reading and discarding
+// whatever it sent meanwhile: closing the socket on unread data would
+// reset the connection and could lose the reconnect frame.
+func (s *Server) sayReconnect(conn *websocket.Conn, reason string, after time.Duration, code websocket.StatusCode, text string) {
+	b, err := frames.Encode(&frames.Reconnect{AfterMs: afterMs(after), Reason: reason})
+	if err != nil {
+		_ = conn.CloseNow() // our own frame: unreachable
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.WriteTimeout)
+	defer cancel()
+	if err := conn.Write(ctx, websocket.MessageText, b); err != nil {
+		_ = conn.CloseNow()
+		return
+	}
+	s.metrics.framesOut[idxReconnect].Inc()
+	_ = conn.Close(code, text)
+}
+
+// afterMs is d in whole milliseconds, rounded up: a client that waits
+// afterMs never comes back before d.
+func afterMs(d time.Duration) int64 {
+	return int64((max(d, 0) + time.Millisecond - 1) / time.Millisecond)
+}
+
+// isWebSocketUpgrade reports whether r asks for a WebSocket upgrade.
+func isWebSocketUpgrade(r *http.Request) bool {
+	return strings.EqualFold(r.Header.Get("Upgrade"), "websocket")
+}

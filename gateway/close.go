@@ -16,6 +16,7 @@ const (
 	reasonSlowConsumer              // the send queue overflowed
 	reasonPingTimeout               // no pong within PongTimeout
 	reasonShutdown                  // the server is shutting down
+	reasonDrain                     // the session's drain slot came (Server.Drain)
 	numCloseReasons
 )
 
@@ -39,6 +40,7 @@ var closeReasons = [numCloseReasons]struct {
 	reasonSlowConsumer:  {"slow_consumer", StatusSlowConsumer, "slow consumer: send queue overflowed; reconnect and resume from your cursor"},
 	reasonPingTimeout:   {"ping_timeout", StatusPingTimeout, "no pong within the pong timeout"},
 	reasonShutdown:      {"shutdown", websocket.StatusGoingAway, "server shutting down"},
+	reasonDrain:         {"drain", websocket.StatusServiceRestart, "server restarting: reconnect as the reconnect frame said"},
 }
 
 func (r closeReason) String() string { return closeReasons[r].label }
@@ -47,8 +49,15 @@ func (r closeReason) String() string { return closeReasons[r].label }
 // for the others the connection is already gone or the peer sent the close.
 func (r closeReason) sendsCloseFrame() bool {
 	switch r {
-	case reasonHelloTimeout, reasonSlowConsumer, reasonPingTimeout, reasonShutdown, reasonNone:
+	case reasonHelloTimeout, reasonSlowConsumer, reasonPingTimeout, reasonShutdown, reasonDrain, reasonNone:
 		return true
 	}
 	return false
+}
+
+// flushes reports whether the writer delivers what is queued before the
+// close frame: a server-initiated goodbye (shutdown, drain) does, so acks
+// already decided reach the client.
+func (r closeReason) flushes() bool {
+	return r == reasonShutdown || r == reasonDrain
 }

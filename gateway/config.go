@@ -3,6 +3,7 @@ package gateway
 import (
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"runtime"
 	"time"
 
@@ -118,7 +119,49 @@ type Config struct {
 	// MaxAppendBytes bounds one Durable Streams append body (HTTP 413 above
 	// it). Zero means 8 MiB.
 	MaxAppendBytes int64
+
+	// Stampede control (drain.go, budget.go, docs/architecture.md).
+
+	// DrainSpread is the window over which [Server.Drain] spreads the
+	// sessions' reconnects: session i of n is told to reconnect inside slot
+	// i of DrainSpread/n. Zero means 30s. Negative means no plan: every
+	// session is told afterMs 0 and closed at once (what a server without
+	// a plan does; kept for comparisons).
+	DrainSpread time.Duration
+
+	// DrainGrace is the time a drain allows after the last slot for the
+	// last sessions to close; [Server.Drain] cuts whatever is still open
+	// DrainSpread+DrainGrace after it began. Zero means 5s.
+	DrainGrace time.Duration
+
+	// AcceptRate is the steady rate of new sessions per second the node
+	// admits (a token bucket, golang.org/x/time/rate); AcceptBurst is the
+	// bucket's size. Over it, a WebSocket client is told when to come back
+	// (a reconnect frame, reason "overload", then close 1013); a plain
+	// HTTP request gets 503 with Retry-After. Zero means 1000 per second;
+	// negative turns the rate limit off. AcceptBurst zero means one
+	// second's worth of AcceptRate (at least 1).
+	AcceptRate  float64
+	AcceptBurst int
+
+	// MaxSessions caps the node's connected sessions; over it new clients
+	// are refused as over the rate. Zero means 100000; negative means no
+	// cap.
+	MaxSessions int
+
+	// AdminToken enables the admin API (/v1/admin/drain, /v1/admin/build)
+	// and is the bearer token it requires; at least 16 bytes. Empty (the
+	// default) leaves the admin API off: its paths answer 404.
+	AdminToken string
+
+	// Rand is the random source for drain slots and refusal jitter. The
+	// server serialises its use. Nil means a source seeded from
+	// crypto/rand.
+	Rand *rand.Rand
 }
+
+// minAdminToken is the shortest admin token New accepts.
+const minAdminToken = 16
 
 func (c Config) withDefaults() (Config, error) {
 	if c.Logger == nil {
@@ -144,6 +187,16 @@ func (c Config) withDefaults() (Config, error) {
 	setDefault(&c.MaxProducers, 100000)
 	setDefault(&c.LongPollTimeout, 30*time.Second)
 	setDefault(&c.MaxAppendBytes, 8<<20)
+	setDefault(&c.DrainSpread, 30*time.Second)
+	setDefault(&c.DrainGrace, 5*time.Second)
+	setDefault(&c.AcceptRate, 1000)
+	if c.AcceptBurst == 0 && c.AcceptRate > 0 {
+		c.AcceptBurst = max(1, int(c.AcceptRate+0.999999))
+	}
+	setDefault(&c.MaxSessions, 100000)
+	if c.Rand == nil {
+		c.Rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())) // the global source is seeded from crypto/rand
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -152,8 +205,11 @@ func (c Config) withDefaults() (Config, error) {
 	switch {
 	case c.HelloTimeout < 0, c.MaxFrameBytes < 0, c.MaxBatchBytes < 0, c.SendQueueMessages < 0,
 		c.SendQueueBytes < 0, c.WriteTimeout < 0, c.WriteBudget < 0, c.PingInterval < 0, c.PongTimeout < 0,
-		c.MaxSubscriptions < 0, c.ProducerWindow < 0, c.ProducerIdle < 0, c.MaxProducers < 0, c.LongPollTimeout < 0, c.MaxAppendBytes < 0, c.PaceCPU < 0 || c.PaceCPU > 1:
+		c.MaxSubscriptions < 0, c.ProducerWindow < 0, c.ProducerIdle < 0, c.MaxProducers < 0, c.LongPollTimeout < 0, c.MaxAppendBytes < 0, c.PaceCPU < 0 || c.PaceCPU > 1,
+		c.DrainGrace < 0, c.AcceptBurst < 0:
 		return c, fmt.Errorf("gateway: negative limit in config")
+	case c.AdminToken != "" && len(c.AdminToken) < minAdminToken:
+		return c, fmt.Errorf("gateway: AdminToken must be at least %d bytes", minAdminToken)
 	case len(c.Persist) > 0 && c.Log == nil:
 		return c, fmt.Errorf("gateway: Persist needs a Log")
 	case int64(c.SendQueueBytes) < 2*c.MaxFrameBytes:

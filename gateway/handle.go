@@ -107,6 +107,11 @@ func (s *session) handleFrameHello(f *frames.Hello) {
 			"use a client id of at most 128 bytes, e.g. a UUID"))
 		return
 	}
+	if len(f.BuildID) > maxBuildIDLen {
+		s.sendError(frames.NewError(frames.CodeBadField, "", fmt.Sprintf("hello.buildId: %d bytes, over the limit of %d", len(f.BuildID), maxBuildIDLen),
+			"use a build id of at most 256 bytes, e.g. a version or a commit hash"))
+		return
+	}
 	s.clientID, s.epoch = f.ClientID, f.Epoch
 	if f.ClientID != "" {
 		s.prod = s.srv.producers.acquire(f.ClientID, f.Epoch)
@@ -115,13 +120,12 @@ func (s *session) handleFrameHello(f *frames.Hello) {
 	s.helloTimer.Stop()
 	s.helloTimer = nil
 	id := s.id
-	s.send(&frames.Hello{
-		BuildID:   s.srv.cfg.BuildID,
+	s.answerHello(&frames.Hello{
 		SessionID: &id,
 		Resume:    []frames.Cursor{},
 		ClientID:  f.ClientID,
 		Epoch:     f.Epoch,
-	})
+	}, f.BuildID)
 }
 
 func (s *session) handleFrameSubscribe(ctx context.Context, f *frames.Subscribe) {

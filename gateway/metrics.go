@@ -48,7 +48,8 @@ const (
 type metrics struct {
 	sessions        prometheus.Gauge
 	accepted        prometheus.Counter
-	rejected        *prometheus.CounterVec
+	rejected        map[string]prometheus.Counter // by reason (budget.go)
+	draining        prometheus.Gauge
 	framesIn        [numFrameTypes]prometheus.Counter
 	framesOut       [numFrameTypes]prometheus.Counter
 	badFrames       prometheus.Counter
@@ -80,9 +81,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		accepted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "syncgate_sessions_accepted_total", Help: "WebSocket upgrades accepted.",
 		}),
-		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "syncgate_sessions_rejected_total", Help: "WebSocket upgrades refused, by reason.",
-		}, []string{"reason"}),
+		draining: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "syncgate_draining", Help: "1 once the node is draining or shutting down (/readyz fails), else 0.",
+		}),
 		badFrames: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "syncgate_frames_bad_total", Help: "Inbound frames that failed to decode.",
 		}),
@@ -115,8 +116,16 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		replayed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "syncgate_replayed_records_total", Help: "Log records sent to resuming subscriptions of persisted topics.",
 		}),
-		drops:   map[string]prometheus.Counter{},
-		resumes: map[string]prometheus.Counter{},
+		drops:    map[string]prometheus.Counter{},
+		resumes:  map[string]prometheus.Counter{},
+		rejected: map[string]prometheus.Counter{},
+	}
+	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "syncgate_sessions_rejected_total",
+		Help: "Connection attempts at /v1/ws refused, by reason (rate_limit, max_sessions, draining, shutdown, handshake).",
+	}, []string{"reason"})
+	for _, r := range rejectReasons {
+		m.rejected[r] = rejected.WithLabelValues(r)
 	}
 	resumes := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "syncgate_resumes_total", Help: "Subscribes with a cursor to persisted topics, by outcome.",
@@ -146,7 +155,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	for r := range numCloseReasons {
 		m.closes[r] = closes.WithLabelValues(r.String())
 	}
-	reg.MustRegister(m.sessions, m.accepted, m.rejected, framesIn, framesOut, m.badFrames,
+	reg.MustRegister(m.sessions, m.accepted, rejected, m.draining, framesIn, framesOut, m.badFrames,
 		m.errorsByCode, m.bytesIn, m.bytesOut, m.messagesOut, drops, closes, m.deliveryLatency, m.publishes, m.writeDelay,
 		m.tailers, m.replayed, resumes)
 	return m

@@ -2,10 +2,11 @@ package gateway
 
 import (
 	"context"
-	"crypto/rand"
+	crand "crypto/rand"
 	"encoding/hex"
 	"hash/maphash"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/syncgate/syncgate/fanout"
+	"github.com/syncgate/syncgate/frames"
 )
 
 // Log attribute keys.
@@ -39,7 +41,22 @@ type Server struct {
 	cancel    context.CancelFunc
 	stopSweep chan struct{}
 
-	draining atomic.Bool // set once by Shutdown: /readyz fails, upgrades refused
+	// Lifecycle. draining is set by Drain and Shutdown: /readyz fails and
+	// upgrades are refused. closed is set by Shutdown under mu: then not
+	// even a refusal is tracked. stopSweep is closed once, by Shutdown.
+	draining atomic.Bool
+	closed   atomic.Bool
+	stopOnce sync.Once
+	drainReq chan struct{} // closed by an admin drain request (DrainRequested)
+	reqOnce  sync.Once
+
+	budget *acceptBudget // admission: rate and session cap (budget.go)
+
+	randMu sync.Mutex
+	rnd    *rand.Rand // guarded by randMu: drain slots and refusal jitter
+
+	buildMu sync.RWMutex
+	buildID string // guarded by buildMu: the build id announced in hello (update.go)
 
 	streams sync.Map // persisted topics whose stream this node has created or found
 
@@ -48,7 +65,8 @@ type Server struct {
 
 	mu       sync.Mutex
 	sessions map[*session]struct{} // guarded by mu
-	wg       sync.WaitGroup        // session handlers and the sweeper
+	drain    *drainRun             // guarded by mu: nil until Drain starts
+	wg       sync.WaitGroup        // session handlers, refusals, the sweeper, the drain
 }
 
 // New returns a Server for cfg (see [Config] for defaults).
@@ -66,7 +84,14 @@ func New(cfg Config) (*Server, error) {
 		sessions:  map[*session]struct{}{},
 		tailers:   map[string]*tailer{},
 		stopSweep: make(chan struct{}),
+		drainReq:  make(chan struct{}),
+		rnd:       cfg.Rand,
+		buildID:   cfg.BuildID,
 	}
+	// The budget gets a source of its own, drawn from cfg.Rand, so a
+	// seeded cfg.Rand makes both deterministic.
+	s.budget = newAcceptBudget(cfg.AcceptRate, cfg.AcceptBurst, cfg.MaxSessions,
+		rand.New(rand.NewPCG(cfg.Rand.Uint64(), cfg.Rand.Uint64())))
 	if s.transport == nil {
 		s.ownsHub = fanout.NewHub(fanout.HubConfig{Now: cfg.Now})
 		s.transport = s.ownsHub
@@ -89,6 +114,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Log != nil {
 		mux.Handle("/v1/stream/", s.streamHandler())
 	}
+	if cfg.AdminToken != "" {
+		s.addAdminRoutes(mux)
+	}
 	s.handler = mux
 
 	s.wg.Go(s.sweepLoop)
@@ -96,7 +124,9 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Handler serves /v1/ws, /healthz, /readyz and /metrics.
+// Handler serves /v1/ws, /healthz, /readyz and /metrics, the Durable
+// Streams API when Config.Log is set, and the admin API when
+// Config.AdminToken is set.
 func (s *Server) Handler() http.Handler { return s.handler }
 
 func (s *Server) serveReady(w http.ResponseWriter, _ *http.Request) {
@@ -108,10 +138,17 @@ func (s *Server) serveReady(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
+	// Admission comes first, before any session work (budget.go).
+	if s.closed.Load() {
+		s.refusePlain(w, rejectShutdown, time.Second)
+		return
+	}
 	if s.draining.Load() {
-		s.metrics.rejected.WithLabelValues("draining").Inc()
-		w.Header().Set("Retry-After", "1")
-		http.Error(w, "server is shutting down", http.StatusServiceUnavailable)
+		s.refuse(w, r, rejectDraining, s.budget.jitter(time.Millisecond, drainRefusalMax))
+		return
+	}
+	if ok, reason, after := s.budget.admit(s.cfg.Now()); !ok {
+		s.refuse(w, r, reason, after)
 		return
 	}
 	var netConn *corkConn
@@ -121,7 +158,8 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 	})
 	if err != nil {
 		// Accept has written the HTTP error (403 for a foreign Origin).
-		s.metrics.rejected.WithLabelValues("handshake").Inc()
+		s.budget.release()
+		s.metrics.rejected[rejectHandshake].Inc()
 		s.log.Debug("upgrade refused", logKeyRemote, r.RemoteAddr, "err", err)
 		return
 	}
@@ -129,6 +167,16 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 	netConn.timeout = s.cfg.WriteTimeout // before the session writes anything
 	sess := newSession(s.baseCtx, s, conn, netConn, newSessionID(), r.RemoteAddr)
 	if !s.register(sess) {
+		// A drain or Shutdown began while this client was upgrading.
+		s.budget.release()
+		if s.track() {
+			defer s.wg.Done()
+			s.metrics.rejected[rejectDraining].Inc()
+			s.sayReconnect(conn, frames.ReasonDrain, s.budget.jitter(time.Millisecond, drainRefusalMax),
+				websocket.StatusServiceRestart, refusalText[rejectDraining])
+			return
+		}
+		s.metrics.rejected[rejectShutdown].Inc()
 		_ = conn.Close(websocket.StatusGoingAway, closeReasons[reasonShutdown].text)
 		return
 	}
@@ -141,6 +189,18 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 		defer s.unregister(sess)
 		sess.run()
 	}()
+}
+
+// track joins a refusal to s.wg unless Shutdown has begun; the caller then
+// calls s.wg.Done.
+func (s *Server) track() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed.Load() {
+		return false
+	}
+	s.wg.Add(1)
+	return true
 }
 
 // register adds sess unless the server is draining; it also joins s.wg, so
@@ -160,22 +220,29 @@ func (s *Server) register(sess *session) bool {
 func (s *Server) unregister(sess *session) {
 	s.mu.Lock()
 	delete(s.sessions, sess)
+	if s.drain != nil && len(s.sessions) == 0 {
+		s.drain.idleLocked()
+	}
 	s.mu.Unlock()
+	s.budget.release()
 	s.metrics.sessions.Dec()
 	s.wg.Done()
 }
 
 // Shutdown stops accepting sessions, fails /readyz, closes every session
-// with 1001 after flushing what is queued for it, and waits for them. When
+// with 1001 after flushing what is queued for it, and waits for them (and
+// for a drain under way, which it stops). After a [Server.Drain] there is
+// normally no session left, and Shutdown only releases the rest. When
 // ctx ends first, the remaining connections are cut without a close
 // handshake and Shutdown returns ctx's error after they have stopped.
 // Shutdown does not close the http.Server serving Handler: call its own
 // Shutdown after this one. Calling Shutdown again waits again.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
-	if !s.draining.Swap(true) {
-		close(s.stopSweep)
-	}
+	s.draining.Store(true)
+	s.closed.Store(true)
+	s.stopOnce.Do(func() { close(s.stopSweep) })
+	s.metrics.draining.Set(1)
 	sessions := make([]*session, 0, len(s.sessions))
 	for sess := range s.sessions {
 		sessions = append(sessions, sess)
@@ -223,6 +290,6 @@ func (s *Server) sweepLoop() {
 
 func newSessionID() string {
 	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	_, _ = crand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
 	return hex.EncodeToString(b[:])
 }

@@ -36,6 +36,11 @@ type session struct {
 	epoch      int64
 	prod       *producer
 
+	// Guarded by srv.buildMu (update.go): the build the client's hello
+	// named, and whether the hello was answered.
+	clientBuild   string
+	helloAnswered bool
+
 	// Owned by the reader goroutine. Nil until the first subscribe.
 	subs map[string]*subscription
 

@@ -183,10 +183,10 @@ func (s *session) writeLoop(ctx context.Context) {
 	}
 }
 
-// finish ends the connection for reason: on shutdown it first delivers what
-// is already queued (acks included).
+// finish ends the connection for reason: on shutdown and drain it first
+// delivers what is already queued (acks included).
 func (s *session) finish(ctx context.Context, r closeReason, items []outItem) {
-	if r == reasonShutdown {
+	if r.flushes() {
 		if err := s.writeBatch(context.Background(), items); err != nil {
 			r = reasonWriteError
 		}

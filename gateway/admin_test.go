@@ -1,0 +1,163 @@
+package gateway_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/syncgate/syncgate/frames"
+	"github.com/syncgate/syncgate/gateway"
+	"github.com/syncgate/syncgate/internal/gwtest"
+)
+
+const adminToken = "0123456789abcdef-test-token"
+
+// adminDo sends an admin request and returns status and body.
+func adminDo(t *testing.T, method, url, auth, contentType, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestAdmin_OffWithoutToken(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{})
+	for _, p := range []string{"/v1/admin/drain", "/v1/admin/build"} {
+		if code, _ := adminDo(t, "POST", srv.ts.URL+p, "Bearer "+adminToken, "", ""); code != http.StatusNotFound {
+			t.Errorf("POST %s without an admin token configured: %d, want 404", p, code)
+		}
+	}
+	if _, err := gateway.New(gateway.Config{AdminToken: "short"}); err == nil {
+		t.Error("New accepted an admin token under 16 bytes")
+	}
+}
+
+func TestAdmin_Auth(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{AdminToken: adminToken})
+	url := srv.ts.URL + "/v1/admin/drain"
+	for _, tc := range []struct{ name, auth, want string }{
+		{"none", "", "missing Authorization"},
+		{"basic", "Basic dXNlcjpwYXNz", "Bearer scheme"},
+		{"wrong", "Bearer wrong-token-wrong-token", "wrong admin token"},
+		{"prefix", "Bearer " + adminToken[:20], "wrong admin token"},
+		{"longer", "Bearer " + adminToken + "x", "wrong admin token"},
+	} {
+		code, body := adminDo(t, "POST", url, tc.auth, "", "")
+		if code != http.StatusUnauthorized || !strings.Contains(body, tc.want) {
+			t.Errorf("%s: %d %s, want 401 with %q", tc.name, code, body, tc.want)
+		}
+	}
+	select {
+	case <-srv.gw.DrainRequested():
+		t.Fatal("an unauthorised request started a drain")
+	default:
+	}
+	if code := get(t, srv.ts.URL+"/readyz"); code != http.StatusOK {
+		t.Fatalf("readyz after refused admin calls: %d", code)
+	}
+}
+
+func TestAdmin_Drain(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{AdminToken: adminToken, DrainSpread: 100 * time.Millisecond, DrainGrace: 200 * time.Millisecond})
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0)
+	if code, body := adminDo(t, "GET", srv.ts.URL+"/v1/admin/drain", "Bearer "+adminToken, "", ""); code != http.StatusMethodNotAllowed {
+		t.Fatalf("GET drain: %d %s", code, body)
+	}
+	if code, body := adminDo(t, "POST", srv.ts.URL+"/v1/admin/drain", "Bearer "+adminToken, "", "now"); code != http.StatusBadRequest {
+		t.Fatalf("drain with a body: %d %s", code, body)
+	}
+	code, body := adminDo(t, "POST", srv.ts.URL+"/v1/admin/drain", "bearer "+adminToken, "", "")
+	var ans struct {
+		Draining bool  `json:"draining"`
+		Sessions int   `json:"sessions"`
+		SpreadMs int64 `json:"spreadMs"`
+	}
+	if code != http.StatusAccepted || json.Unmarshal([]byte(body), &ans) != nil || !ans.Draining || ans.Sessions != 1 || ans.SpreadMs != 100 {
+		t.Fatalf("drain: %d %s", code, body)
+	}
+	select {
+	case <-srv.gw.DrainRequested():
+	case <-time.After(gwtest.Timeout):
+		t.Fatal("DrainRequested not closed")
+	}
+	r := gwtest.Expect[*frames.Reconnect](c)
+	if r.Reason != frames.ReasonDrain || r.AfterMs >= 100 || r.AfterMs < 0 {
+		t.Fatalf("reconnect %+v", r)
+	}
+	c.ExpectClose(websocket.StatusServiceRestart)
+	// Again: idempotent; and Drain joins the drain the API began.
+	if code, body := adminDo(t, "POST", srv.ts.URL+"/v1/admin/drain", "Bearer "+adminToken, "", ""); code != http.StatusAccepted {
+		t.Fatalf("second drain: %d %s", code, body)
+	}
+	if err := srv.gw.Drain(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAdmin_Build(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{AdminToken: adminToken, BuildID: "b1"})
+	url := srv.ts.URL + "/v1/admin/build"
+	auth := "Bearer " + adminToken
+	for _, tc := range []struct {
+		name, ct, body string
+		code           int
+		want           string
+	}{
+		{"not json", "application/json", "b2", 400, "JSON object"},
+		{"empty body", "", "", 400, "JSON object"},
+		{"missing", "", `{}`, 400, "missing buildId"},
+		{"null", "", `{"buildId":null}`, 400, "missing buildId"},
+		{"number", "", `{"buildId":2}`, 400, "JSON object"},
+		{"empty id", "", `{"buildId":""}`, 400, "must not be empty"},
+		{"unknown field", "", `{"buildId":"b2","extra":1}`, 400, "unknown field"},
+		{"two objects", "", `{"buildId":"b2"}{"buildId":"b3"}`, 400, "more after it"},
+		{"too long id", "", `{"buildId":"` + strings.Repeat("x", 300) + `"}`, 400, "over the limit"},
+		{"too large", "", `{"buildId":"` + strings.Repeat("x", 5000) + `"}`, 413, "body over"},
+		{"wrong type", "text/plain", `{"buildId":"b2"}`, 415, "application/json"},
+	} {
+		code, body := adminDo(t, "POST", url, auth, tc.ct, tc.body)
+		if code != tc.code || !strings.Contains(body, tc.want) {
+			t.Errorf("%s: %d %s, want %d with %q", tc.name, code, body, tc.code, tc.want)
+		}
+	}
+	if srv.gw.BuildID() != "b1" {
+		t.Fatalf("a bad request changed the build id to %q", srv.gw.BuildID())
+	}
+	old := gwtest.Dial(t, srv.url, nil)
+	old.Send(&frames.Hello{BuildID: "b1", Resume: []frames.Cursor{}})
+	gwtest.Expect[*frames.Hello](old)
+	code, body := adminDo(t, "POST", url, auth, "application/json; charset=utf-8", `{"buildId":"b2"}`)
+	if code != http.StatusOK || !strings.Contains(body, `"notified":1`) {
+		t.Fatalf("set build: %d %s", code, body)
+	}
+	if u := gwtest.Expect[*frames.UpdateAvailable](old); u.BuildID != "b2" {
+		t.Fatalf("update-available %+v", u)
+	}
+	if srv.gw.BuildID() != "b2" {
+		t.Fatalf("build id %q", srv.gw.BuildID())
+	}
+}

@@ -1,0 +1,286 @@
+package gateway_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/syncgate/syncgate/frames"
+	"github.com/syncgate/syncgate/gateway"
+	"github.com/syncgate/syncgate/internal/gwtest"
+	"github.com/syncgate/syncgate/storage"
+)
+
+// drained is what one client saw of a drain.
+type drained struct {
+	afterMs  int64
+	reason   string
+	gotAt    time.Time // when the reconnect frame arrived
+	closedAt time.Time
+	code     websocket.StatusCode
+	err      error
+}
+
+// watchDrain reads c until it closes, recording the reconnect frame.
+func watchDrain(c *gwtest.Conn) drained {
+	var d drained
+	for {
+		f, err := c.NextErr(gwtest.Timeout)
+		if err != nil {
+			d.closedAt = time.Now()
+			var ce websocket.CloseError
+			if errors.As(err, &ce) {
+				d.code = ce.Code
+			} else {
+				d.err = err
+			}
+			return d
+		}
+		if r, ok := f.(*frames.Reconnect); ok && d.gotAt.IsZero() {
+			d.afterMs, d.reason, d.gotAt = r.AfterMs, r.Reason, time.Now()
+		}
+	}
+}
+
+// TestDrain_SpreadsSessionsAndLosesNothing drains a node of 200 sessions
+// over 2 s: /readyz fails from the start, every session gets its own
+// afterMs inside the spread and is closed with 1012 no earlier than it,
+// new clients are turned away with a reconnect frame, Drain returns in
+// time, and every publish the log acknowledged during the drain is in the
+// log.
+func TestDrain_SpreadsSessionsAndLosesNothing(t *testing.T) {
+	t.Parallel()
+	const (
+		n      = 200
+		spread = 2 * time.Second
+		grace  = 2 * time.Second
+	)
+	db, err := storage.Open(filepath.Join(t.TempDir(), "log.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := gateway.New(gateway.Config{
+		Log: db, Persist: []string{"chat:*"},
+		DrainSpread: spread, DrainGrace: grace,
+		Rand: rand.New(rand.NewPCG(1, 2)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newTestServerFor(t, gw)
+	t.Cleanup(func() {
+		srv.close(t)
+		if err := db.Close(); err != nil {
+			t.Errorf("db close: %v", err)
+		}
+	})
+
+	conns := make([]*gwtest.Conn, n)
+	for i := range conns {
+		conns[i] = gwtest.Dial(t, srv.url, nil)
+		conns[i].Hello("", 0)
+	}
+	pub := gwtest.Dial(t, srv.url, nil)
+	pub.Hello("publisher", 1)
+	pub.Subscribe("s", "chat:room")
+
+	// The publisher keeps publishing through the drain; it records what
+	// was acknowledged, and what it saw of the drain.
+	var acked []string
+	pubDone := make(chan drained, 1)
+	go func() {
+		var d drained
+		for seq := int64(0); ; seq++ {
+			pub.Send(&frames.Mutate{Key: fmt.Sprintf("k%d", seq), Seq: seq, Name: "publish",
+				Input: []byte(fmt.Sprintf(`{"topic":"chat:room","data":%d}`, seq))})
+			for {
+				f, err := pub.NextErr(gwtest.Timeout)
+				if err != nil {
+					var ce websocket.CloseError
+					if errors.As(err, &ce) {
+						d.code = ce.Code
+					}
+					d.closedAt = time.Now()
+					pubDone <- d
+					return
+				}
+				if r, ok := f.(*frames.Reconnect); ok {
+					d.afterMs, d.reason, d.gotAt = r.AfterMs, r.Reason, time.Now()
+				}
+				if a, ok := f.(*frames.Ack); ok && a.Ref == fmt.Sprintf("k%d", seq) {
+					if a.Error == nil {
+						acked = append(acked, *a.LSN)
+					}
+					break
+				}
+			}
+		}
+	}()
+
+	start := time.Now()
+	drainErr := make(chan error, 1)
+	go func() { drainErr <- gw.Drain(context.Background()) }()
+
+	results := make([]drained, n)
+	var wg sync.WaitGroup
+	for i, c := range conns {
+		wg.Go(func() { results[i] = watchDrain(c) })
+	}
+
+	// Readiness fails from the start (the drain flips it before it sends
+	// anything) and stays failed.
+	gwtest.Eventually(t, time.Second, "readyz 503", func() bool {
+		return get(t, srv.ts.URL+"/readyz") == http.StatusServiceUnavailable
+	})
+	// A new client is turned away, told when to come back.
+	late := gwtest.Dial(t, srv.url, nil)
+	r := gwtest.Expect[*frames.Reconnect](late)
+	if r.Reason != frames.ReasonDrain || r.AfterMs <= 0 || r.AfterMs > 1000 {
+		t.Fatalf("late client: %+v", r)
+	}
+	late.ExpectClose(websocket.StatusServiceRestart)
+	resp, err := http.Get(srv.ts.URL + "/v1/ws")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("plain GET /v1/ws during the drain: %s, Retry-After %q", resp.Status, resp.Header.Get("Retry-After"))
+	}
+
+	select {
+	case err := <-drainErr:
+		if err != nil {
+			t.Fatalf("drain: %v", err)
+		}
+	case <-time.After(spread + grace + 5*time.Second):
+		t.Fatal("drain did not return")
+	}
+	took := time.Since(start)
+	if took > spread+grace {
+		t.Errorf("drain took %v, over spread+grace %v", took, spread+grace)
+	}
+	wg.Wait()
+	pd := <-pubDone
+
+	seen := map[int64]bool{}
+	for i, d := range append(results, pd) {
+		if d.err != nil || d.code != websocket.StatusServiceRestart {
+			t.Fatalf("session %d: close %d, err %v; want 1012", i, d.code, d.err)
+		}
+		if d.reason != frames.ReasonDrain || d.gotAt.IsZero() {
+			t.Fatalf("session %d: no reconnect frame (reason %q)", i, d.reason)
+		}
+		if d.afterMs < 0 || time.Duration(d.afterMs)*time.Millisecond >= spread {
+			t.Fatalf("session %d: afterMs %d outside the spread %v", i, d.afterMs, spread)
+		}
+		if seen[d.afterMs] {
+			t.Fatalf("session %d: afterMs %d given twice", i, d.afterMs)
+		}
+		seen[d.afterMs] = true
+		if early := d.gotAt.Add(time.Duration(d.afterMs) * time.Millisecond).Sub(d.closedAt); early > 0 {
+			t.Fatalf("session %d: closed %v before its afterMs %d", i, early, d.afterMs)
+		}
+	}
+	// The slots cover the spread: each half holds about half the sessions.
+	firstHalf := 0
+	for ms := range seen {
+		if time.Duration(ms)*time.Millisecond < spread/2 {
+			firstHalf++
+		}
+	}
+	if firstHalf < (n+1)/2-2 || firstHalf > (n+1)/2+2 {
+		t.Fatalf("%d of %d sessions in the first half of the spread", firstHalf, n+1)
+	}
+
+	// Nothing acknowledged was lost: every acked offset is in the log.
+	if len(acked) == 0 {
+		t.Fatal("no publish acknowledged during the drain")
+	}
+	body := readStream(t, srv.ts.URL+"/v1/stream/chat:room?offset=-1")
+	recs := strings.Count(body, `"key":`)
+	if recs < len(acked) {
+		t.Fatalf("log holds %d records, %d were acknowledged", recs, len(acked))
+	}
+	for i := range acked {
+		if !strings.Contains(body, fmt.Sprintf(`"key":"k%d"`, i)) {
+			t.Fatalf("acknowledged publish k%d (offset %s) is not in the log", i, acked[i])
+		}
+	}
+	m := scrape(t, srv.ts.URL)
+	for _, want := range []string{
+		fmt.Sprintf(`syncgate_closes_total{reason="drain"} %d`, n+1),
+		`syncgate_sessions_rejected_total{reason="draining"} 2`,
+		"syncgate_draining 1",
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+}
+
+func readStream(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s %v", url, resp.Status, err)
+	}
+	return string(b)
+}
+
+// TestDrain_CutsAtDeadline: a session that never answers the close
+// handshake is cut when ctx ends, and Drain says so.
+func TestDrain_CutsAtDeadline(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{DrainSpread: 50 * time.Millisecond, DrainGrace: 30 * time.Second})
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0)
+	// c reads nothing from here on: the server's close handshake waits
+	// for it.
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := srv.gw.Drain(ctx)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("drain: %v, want the deadline", err)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("drain took %v after its deadline", took)
+	}
+	// Drain again joins the finished drain.
+	if err := srv.gw.Drain(context.Background()); err != nil {
+		t.Fatalf("second drain: %v", err)
+	}
+}
+
+// TestDrain_EmptyNodeAndShutdown: draining a node without sessions returns
+// at once; Shutdown after it still works, and Drain after Shutdown too.
+func TestDrain_EmptyNodeAndShutdown(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{})
+	if err := srv.gw.Drain(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if code := get(t, srv.ts.URL+"/readyz"); code != http.StatusServiceUnavailable {
+		t.Fatalf("readyz after drain: %d", code)
+	}
+	srv.close(t)
+	if err := srv.gw.Drain(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
