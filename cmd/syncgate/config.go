@@ -92,7 +92,7 @@ var settings = []setting{
 			c.MaxAppend = n
 			return nil
 		}},
-	{"build-id", "SYNCGATE_BUILD_ID", "", "current app build id, sent in hello",
+	{"build-id", "SYNCGATE_BUILD_ID", "", "current app build id, sent in hello; a client whose hello names another build gets update-available (change it at runtime with POST /v1/admin/build)",
 		func(c *config, v string) error { c.Gateway.BuildID = v; return nil }},
 	{"hello-timeout", "SYNCGATE_HELLO_TIMEOUT", "10s", "time a new connection has to send hello (else close 1008)",
 		durationSetting(func(c *config) *time.Duration { return &c.Gateway.HelloTimeout })},
@@ -163,8 +163,66 @@ var settings = []setting{
 		}},
 	{"debug-addr", "SYNCGATE_DEBUG_ADDR", "", "if set, serve Go profiling (/debug/pprof/) on this separate address, e.g. 127.0.0.1:6060",
 		func(c *config, v string) error { c.DebugAddr = v; return nil }},
-	{"shutdown-timeout", "SYNCGATE_SHUTDOWN_TIMEOUT", "15s", "time sessions get to close on SIGINT/SIGTERM before they are cut",
+	{"drain-spread", "SYNCGATE_DRAIN_SPREAD", "30s", "on SIGTERM/SIGINT or an admin drain, the window over which sessions are told to reconnect, each in its own slot (0s: all at once)",
+		func(c *config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 {
+				return fmt.Errorf("want a duration like 30s, got %q", v)
+			}
+			if d == 0 {
+				d = -1 // gateway.Config: negative means no plan
+			}
+			c.Gateway.DrainSpread = d
+			return nil
+		}},
+	{"drain-grace", "SYNCGATE_DRAIN_GRACE", "5s", "time after the drain spread for the last sessions to close before they are cut",
+		func(c *config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return fmt.Errorf("want a positive duration like 5s, got %q", v)
+			}
+			c.Gateway.DrainGrace = d
+			return nil
+		}},
+	{"shutdown-timeout", "SYNCGATE_SHUTDOWN_TIMEOUT", "5s", "bound for the last stop step after the drain: closing any session left (1001) and in-flight HTTP requests",
 		durationSetting(func(c *config) *time.Duration { return &c.ShutdownTimeout })},
+	{"accept-rate", "SYNCGATE_ACCEPT_RATE", "1000", "new sessions admitted per second (token bucket); over it clients are told when to come back (off: no limit)",
+		func(c *config, v string) error {
+			if v == "off" {
+				c.Gateway.AcceptRate = -1
+				return nil
+			}
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || !(f > 0) || f > 1e9 {
+				return fmt.Errorf("want a positive number or off, got %q", v)
+			}
+			c.Gateway.AcceptRate = f
+			return nil
+		}},
+	{"accept-burst", "SYNCGATE_ACCEPT_BURST", "auto", "size of the accept token bucket: new sessions admitted at once above the rate (auto: one second's worth of accept-rate)",
+		func(c *config, v string) error {
+			if v == "auto" {
+				c.Gateway.AcceptBurst = 0
+				return nil
+			}
+			return intSetting(func(c *config) *int { return &c.Gateway.AcceptBurst })(c, v)
+		}},
+	{"max-sessions", "SYNCGATE_MAX_SESSIONS", "100000", "connected sessions the node holds at most; over it clients are told when to come back (off: no cap)",
+		func(c *config, v string) error {
+			if v == "off" {
+				c.Gateway.MaxSessions = -1
+				return nil
+			}
+			return intSetting(func(c *config) *int { return &c.Gateway.MaxSessions })(c, v)
+		}},
+	{"admin-token", "SYNCGATE_ADMIN_TOKEN", "", "bearer token (at least 16 bytes) enabling the admin API, POST /v1/admin/drain and /v1/admin/build; empty: admin API off. Prefer the environment to the flag",
+		func(c *config, v string) error {
+			if v != "" && len(v) < 16 {
+				return fmt.Errorf("want at least 16 bytes (e.g. openssl rand -hex 32), got %d", len(v))
+			}
+			c.Gateway.AdminToken = v
+			return nil
+		}},
 	{"log-format", "SYNCGATE_LOG_FORMAT", "text", "log format: text or json",
 		func(c *config, v string) error {
 			if v != "text" && v != "json" {

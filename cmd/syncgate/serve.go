@@ -17,8 +17,12 @@ import (
 	"github.com/syncgate/syncgate/storage"
 )
 
-// serve runs the gateway until ctx ends, then shuts it down: sessions are
-// closed with 1001 (flushing what is queued), then the HTTP server stops.
+// serve runs the gateway until ctx ends (SIGTERM, SIGINT) or an admin
+// drain is requested, then stops it in this order: drain (readiness fails
+// at once, every session is told its reconnect slot and closed with 1012
+// in it; bounded by drain-spread + drain-grace), gateway Shutdown (what is
+// left, bounded by shutdown-timeout), HTTP server, and the deferred close
+// of the stream log, which flushes it. A drained node returns nil: exit 0.
 func serve(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	cfg, err := parseConfig(args, getenv, stderr)
 	if err != nil {
@@ -67,18 +71,29 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		_ = gw.Shutdown(context.Background())
 		return fmt.Errorf("http server: %w", err)
 	case <-ctx.Done():
+		log.Info("signal received: draining")
+	case <-gw.DrainRequested():
+		log.Info("admin drain requested: draining")
 	}
-	log.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
+	spread := max(cfg.Gateway.DrainSpread, 0)
+	grace := cfg.Gateway.DrainGrace
+	dctx, dcancel := context.WithTimeout(context.Background(), spread+grace)
+	defer dcancel()
+	start := time.Now()
+	if err := gw.Drain(dctx); err != nil {
+		// Sessions still open at spread+grace (a dead peer, a stuck TCP
+		// write) were cut without a close handshake: expected on a bad
+		// network, not a failed stop.
+		log.Warn("drain: sessions cut at spread+grace", "err", err)
+	}
+	log.Info("drained", "took", time.Since(start).Round(time.Millisecond).String())
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
 	if err := gw.Shutdown(sctx); err != nil {
-		// Sessions still open at the deadline (a dead peer, a stuck TCP
-		// write) were cut without a close handshake: expected on a bad
-		// network, not a failed stop.
 		log.Warn("sessions cut at the shutdown timeout", "err", err)
 	}
 	// The plain HTTP requests get their own short budget: the sessions'
-	// may have used up sctx.
+	// may have used up sctx. gw.Shutdown has ended long-poll and SSE reads.
 	hctx, hcancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer hcancel()
 	if err := hs.Shutdown(hctx); err != nil {

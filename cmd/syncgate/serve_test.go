@@ -18,6 +18,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/syncgate/syncgate/client"
+	"github.com/syncgate/syncgate/frames"
 )
 
 // lineWriter hands each written line to a channel.
@@ -48,8 +49,8 @@ var listeningRE = regexp.MustCompile(`listening on http://(\S+) `)
 
 // TestRun_ServeAndGracefulStop runs the real command on a loopback port,
 // publishes through it to a persisted topic, reads the message back over
-// the Durable Streams API, then cancels (as SIGTERM does): the session gets
-// 1001 and run returns nil (exit 0).
+// the Durable Streams API, then cancels (as SIGTERM does): the node drains
+// (the session gets a reconnect frame and 1012) and run returns nil (exit 0).
 func TestRun_ServeAndGracefulStop(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -57,21 +58,10 @@ func TestRun_ServeAndGracefulStop(t *testing.T) {
 	done := make(chan error, 1)
 	dataDir := t.TempDir()
 	go func() {
-		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-build-id", "b1", "-data-dir", dataDir, "-persist", "t"}, env(nil), out, io.Discard)
+		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-build-id", "b1", "-data-dir", dataDir, "-persist", "t",
+			"-drain-spread", "200ms", "-drain-grace", "1s"}, env(nil), out, io.Discard)
 	}()
-	var addr string
-	select {
-	case line := <-out.lines:
-		m := listeningRE.FindStringSubmatch(line)
-		if m == nil {
-			t.Fatalf("unexpected first line %q", line)
-		}
-		addr = m[1]
-	case err := <-done:
-		t.Fatalf("run returned early: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("no listening line within 10s")
-	}
+	addr := awaitListening(t, out, done)
 	dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer dcancel()
 	c, err := client.Dial(dctx, "ws://"+addr+"/v1/ws", nil)
@@ -101,14 +91,11 @@ func TestRun_ServeAndGracefulStop(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dataDir, "streams.db")); err != nil {
 		t.Fatalf("the log is not in -data-dir: %v", err)
 	}
+	c.Close()
+	raw := dialSession(t, addr)
 	cancel()
-	select {
-	case <-c.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("session not closed on shutdown")
-	}
-	if code := websocket.CloseStatus(c.Err()); code != websocket.StatusGoingAway {
-		t.Fatalf("close = %v, want 1001", c.Err())
+	if code, r := raw.drained(t); code != websocket.StatusServiceRestart || r == nil || r.Reason != frames.ReasonDrain || r.AfterMs >= 200 {
+		t.Fatalf("drain: close %d, reconnect %+v; want a reconnect frame inside the spread, then 1012", code, r)
 	}
 	select {
 	case err := <-done:
@@ -117,6 +104,167 @@ func TestRun_ServeAndGracefulStop(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("run did not return after cancel")
+	}
+}
+
+// awaitListening returns the address run reports it listens on.
+func awaitListening(t *testing.T, out *lineWriter, done <-chan error) string {
+	t.Helper()
+	for {
+		select {
+		case line := <-out.lines:
+			if m := listeningRE.FindStringSubmatch(line); m != nil {
+				return m[1]
+			}
+			t.Fatalf("unexpected first line %q", line)
+		case err := <-done:
+			t.Fatalf("run returned early: %v", err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("no listening line within 10s")
+		}
+	}
+}
+
+// wsSession is a frame-level WebSocket session with its hello answered.
+type wsSession struct{ c *websocket.Conn }
+
+func dialSession(t *testing.T, addr string) *wsSession {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, "ws://"+addr+"/v1/ws", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.CloseNow() })
+	hello, _ := frames.Encode(&frames.Hello{Resume: []frames.Cursor{}})
+	if err := c.Write(ctx, websocket.MessageText, hello); err != nil {
+		t.Fatal(err)
+	}
+	if _, msg, err := c.Read(ctx); err != nil || !strings.Contains(string(msg), `"type":"hello"`) {
+		t.Fatalf("hello answer %q, %v", msg, err)
+	}
+	return &wsSession{c}
+}
+
+// drained reads until the connection ends; it returns the close code and
+// the reconnect frame seen, if any.
+func (r *wsSession) drained(t *testing.T) (websocket.StatusCode, *frames.Reconnect) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var rec *frames.Reconnect
+	for {
+		_, msg, err := r.c.Read(ctx)
+		if err != nil {
+			return websocket.CloseStatus(err), rec
+		}
+		if f, err := frames.Decode(msg); err == nil {
+			if rf, ok := f.(*frames.Reconnect); ok {
+				rec = rf
+			}
+		}
+	}
+}
+
+// TestRun_DrainOnSignal: on cancel (SIGTERM) every session is told its own
+// slot of the drain spread and closed with 1012 no earlier; run returns nil
+// within spread + grace.
+func TestRun_DrainOnSignal(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := &lineWriter{lines: make(chan string, 16)}
+	done := make(chan error, 1)
+	const spread, grace = time.Second, time.Second
+	go func() {
+		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-data-dir", t.TempDir(),
+			"-drain-spread", spread.String(), "-drain-grace", grace.String()}, env(nil), out, io.Discard)
+	}()
+	addr := awaitListening(t, out, done)
+	const n = 20
+	conns := make([]*wsSession, n)
+	for i := range conns {
+		conns[i] = dialSession(t, addr)
+	}
+	start := time.Now()
+	cancel()
+	type result struct {
+		code websocket.StatusCode
+		rec  *frames.Reconnect
+		at   time.Duration
+	}
+	results := make(chan result, n)
+	for _, c := range conns {
+		go func() {
+			code, rec := c.drained(t)
+			results <- result{code, rec, time.Since(start)}
+		}()
+	}
+	seen := map[int64]bool{}
+	for range n {
+		r := <-results
+		if r.code != websocket.StatusServiceRestart || r.rec == nil || r.rec.Reason != frames.ReasonDrain {
+			t.Fatalf("close %d, reconnect %+v; want reconnect drain then 1012", r.code, r.rec)
+		}
+		if r.rec.AfterMs < 0 || r.rec.AfterMs >= spread.Milliseconds() || seen[r.rec.AfterMs] {
+			t.Fatalf("afterMs %d: outside the spread or given twice", r.rec.AfterMs)
+		}
+		seen[r.rec.AfterMs] = true
+		if r.at < time.Duration(r.rec.AfterMs)*time.Millisecond {
+			t.Fatalf("closed at %v, before its afterMs %d", r.at, r.rec.AfterMs)
+		}
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run: %v", err)
+		}
+		if took := time.Since(start); took > spread+grace {
+			t.Fatalf("run returned %v after the signal, over spread+grace", took)
+		}
+	case <-time.After(spread + grace + 10*time.Second):
+		t.Fatal("run did not return after the drain")
+	}
+}
+
+// TestRun_AdminDrain: POST /v1/admin/drain with the admin token drains the
+// node and run returns nil, as on SIGTERM; without the token it is refused.
+func TestRun_AdminDrain(t *testing.T) {
+	out := &lineWriter{lines: make(chan string, 16)}
+	done := make(chan error, 1)
+	const token = "test-admin-token-0123456789"
+	go func() {
+		done <- run(context.Background(), []string{"-addr", "127.0.0.1:0", "-data-dir", t.TempDir(), "-drain-spread", "100ms", "-drain-grace", "1s"},
+			env(map[string]string{"SYNCGATE_ADMIN_TOKEN": token}), out, io.Discard)
+	}()
+	addr := awaitListening(t, out, done)
+	c := dialSession(t, addr)
+	post := func(auth string) int {
+		req, _ := http.NewRequest("POST", "http://"+addr+"/v1/admin/drain", nil)
+		req.Header.Set("Authorization", auth)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := post("Bearer nope-nope-nope-nope"); code != http.StatusUnauthorized {
+		t.Fatalf("wrong token: %d", code)
+	}
+	if code := post("Bearer " + token); code != http.StatusAccepted {
+		t.Fatalf("admin drain: %d", code)
+	}
+	if code, _ := c.drained(t); code != websocket.StatusServiceRestart {
+		t.Fatalf("close %d, want 1012", code)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("run did not return after an admin drain")
 	}
 }
 
