@@ -185,8 +185,7 @@ func (c *Client) supervise(ctx context.Context, cur *conn) {
 			next, err := c.connect(ctx, url)
 			if err == nil {
 				c.emit(Event{Kind: EventConnected, URL: url, Attempt: n, Reason: reason})
-				if c.takeOver(ctx, cur, next) {
-					c.emit(Event{Kind: EventResumed, URL: url, Attempt: n, Reason: reason, Since: since})
+				if c.takeOver(ctx, cur, next, Event{Kind: EventResumed, URL: url, Attempt: n, Reason: reason, Since: since}) {
 					cur = next
 					break
 				}
@@ -227,7 +226,9 @@ func (c *Client) supervise(ctx context.Context, cur *conn) {
 // first. old is closed once every subscription is live on next. It reports
 // whether next took over; if not, next has ended (or the Client is
 // closing).
-func (c *Client) takeOver(ctx context.Context, old, next *conn) bool {
+// resumed is emitted once the subscriptions are live on next, before old
+// is closed.
+func (c *Client) takeOver(ctx context.Context, old, next *conn, resumed Event) bool {
 	if c.lockSend(ctx) != nil {
 		next.closeNow()
 		return false
@@ -298,6 +299,7 @@ func (c *Client) takeOver(ctx context.Context, old, next *conn) bool {
 	case <-t.C:
 	case <-ctx.Done():
 	}
+	c.emit(resumed)
 	if old != nil && old != next {
 		_ = old.close()
 	}

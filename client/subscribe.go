@@ -307,8 +307,22 @@ func (s *Subscription) deliver(cn *conn, p *frames.Patch) {
 		old := s.cursor.LSN
 		if s.c.opts.Reconnect && old != "" && p.LSN <= old {
 			s.mu.Unlock()
-			s.dups++
+			s.dups += int64(len(p.Patches))
 			return
+		}
+		if s.c.opts.Reconnect && old != "" && len(p.Patches) > 1 && p.Patches[0].LSN <= old {
+			// A replayed batch that straddles the cursor: keep the ops
+			// after it.
+			q := *p
+			q.Patches = nil
+			for _, op := range p.Patches {
+				if op.LSN > old {
+					q.Patches = append(q.Patches, op)
+				} else {
+					s.dups++
+				}
+			}
+			p = &q
 		}
 		s.cursor.LSN = p.LSN
 		s.mu.Unlock()
@@ -367,7 +381,7 @@ func (s *Subscription) Cursor() frames.Cursor {
 	return s.cursor
 }
 
-// Duplicates returns how many patches were dropped because their lsn was
+// Duplicates returns how many patch ops were dropped because their lsn was
 // at or before the cursor (with Reconnect, while two connections overlap).
 func (s *Subscription) Duplicates() int64 {
 	s.dmu.Lock()
