@@ -22,18 +22,20 @@ import (
 // transaction only when the transaction's id is gen, which makes meta and
 // records one snapshot.
 type metaCache struct {
+	max int // entries kept; static
+
 	mu    sync.RWMutex
 	gen   uint64           // bbolt txid the entries reflect
 	names map[string]*meta // name → meta; the same entries as ids
 	ids   map[uint64]*meta
 }
 
-// maxCachedMetas bounds the read cache; an arbitrary entry is evicted to
-// make room.
+// maxCachedMetas bounds the read cache by default; an arbitrary entry is
+// evicted to make room.
 const maxCachedMetas = 10000
 
-func newMetaCache(gen uint64) *metaCache {
-	return &metaCache{gen: gen, names: make(map[string]*meta), ids: make(map[uint64]*meta)}
+func newMetaCache(gen uint64, max int) *metaCache {
+	return &metaCache{max: max, gen: gen, names: make(map[string]*meta), ids: make(map[uint64]*meta)}
 }
 
 // get returns the cached meta of name (nil when not cached) and the
@@ -67,7 +69,7 @@ func (c *metaCache) putLocked(m *meta) {
 	if old := c.names[m.Name]; old != nil && old.ID != m.ID {
 		delete(c.ids, old.ID) // removed in a commit published before
 	}
-	if old := c.ids[m.ID]; old == nil && len(c.ids) >= maxCachedMetas {
+	if old := c.ids[m.ID]; old == nil && len(c.ids) >= c.max {
 		for _, e := range c.ids {
 			c.removeLocked(e.ID, e.Name)
 			break

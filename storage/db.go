@@ -67,6 +67,7 @@ type Options struct {
 	// Test seams, set through export_test.go.
 	commitHook      func() error // called inside each write tx before commit; an error fails the commit
 	compactMinBytes int64        // file size from which Open compacts; default 64 MiB
+	metaCacheSize   int          // streams in the read cache; default maxCachedMetas
 }
 
 // Defaults.
@@ -147,6 +148,9 @@ func Open(path string, opts *Options) (*DB, error) {
 	if o.ProducerTTL <= 0 {
 		o.ProducerTTL = defaultProducerTTL
 	}
+	if o.metaCacheSize <= 0 {
+		o.metaCacheSize = maxCachedMetas
+	}
 	if o.compactMinBytes <= 0 {
 		o.compactMinBytes = defaultCompactMin
 	}
@@ -189,7 +193,7 @@ func Open(path string, opts *Options) (*DB, error) {
 		wdone:   make(chan struct{}),
 		mdone:   make(chan struct{}),
 		kick:    make(chan struct{}, 1),
-		cache:   newMetaCache(gen),
+		cache:   newMetaCache(gen, o.metaCacheSize),
 		access:  make(map[uint64]int64),
 		wcache:  make(map[uint64]*wstream),
 		waiters: make(map[uint64]chan struct{}),

@@ -30,6 +30,7 @@ func TestDB_Contract(t *testing.T) {
 	}{
 		{"fsync", storage.Options{}},
 		{"nosync-batchwait", storage.Options{NoSync: true, MaxBatchWait: 2e6, MaxBatchBytes: 4096}},
+		{"nosync-cache1", cacheSize(storage.Options{NoSync: true}, 1)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			storagetest.Run(t, func(t *testing.T) storagetest.Log {
@@ -38,4 +39,10 @@ func TestDB_Contract(t *testing.T) {
 			})
 		})
 	}
+}
+
+// cacheSize returns o with a read cache of n streams.
+func cacheSize(o storage.Options, n int) storage.Options {
+	storage.SetMetaCacheSizeForTest(&o, n)
+	return o
 }

@@ -16,6 +16,9 @@ func SetCommitHookForTest(o *Options, f func() error) { o.commitHook = f }
 // SetCompactMinBytesForTest lowers the file size from which Open compacts.
 func SetCompactMinBytesForTest(o *Options, n int64) { o.compactMinBytes = n }
 
+// SetMetaCacheSizeForTest bounds the readers' meta cache to n streams.
+func SetMetaCacheSizeForTest(o *Options, n int) { o.metaCacheSize = n }
+
 // BoltForTest returns the underlying bbolt database.
 func (db *DB) BoltForTest() *bolt.DB { return db.bolt }
 

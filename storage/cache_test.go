@@ -1,0 +1,136 @@
+package storage_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/syncgate/syncgate/storage"
+)
+
+// TestDB_MetaCache_Concurrent runs readers against a writer that appends
+// to, deletes and recreates streams, with a read cache smaller than the
+// stream count so that loads, evictions and publishes race. Records are
+// "gen.k": every Read must see one generation's records 1..k in order,
+// consistent with its Tail, and the writer must read its own writes.
+func TestDB_MetaCache_Concurrent(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	o := storage.Options{NoSync: true}
+	storage.SetMetaCacheSizeForTest(&o, 2)
+	db := openDB(t, &o)
+	ctx := t.Context()
+	const streams = 5
+	gens := make([]int, streams)
+	counts := make([]int, streams)
+	for i := range streams {
+		mustCreate(t, db, fmt.Sprint("s", i), storage.CreateOptions{})
+	}
+
+	// The readers stop when the writer is done or fails.
+	var done atomic.Bool
+	var wg sync.WaitGroup
+	rctx, cancel := context.WithCancel(ctx)
+	defer func() {
+		done.Store(true)
+		cancel()
+		wg.Wait()
+	}()
+	for r := range 3 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(seed, uint64(r)))
+			for !done.Load() {
+				name := fmt.Sprint("s", rng.IntN(streams))
+				res, err := db.Read(rctx, name, storage.ZeroOffset, 0)
+				if rctx.Err() != nil {
+					return
+				}
+				if errors.Is(err, storage.ErrNotFound) {
+					continue
+				}
+				if err != nil {
+					t.Errorf("Read(%s): %v", name, err)
+					return
+				}
+				if err := checkGen(res); err != nil {
+					t.Errorf("Read(%s): %v", name, err)
+					return
+				}
+				// Wait after a record that exists returns at once.
+				if len(res.Records) > 0 {
+					err := db.Wait(rctx, name, storage.ZeroOffset)
+					if err != nil && !errors.Is(err, storage.ErrNotFound) && rctx.Err() == nil {
+						t.Errorf("Wait(%s): %v", name, err)
+						return
+					}
+				}
+			}
+		})
+	}
+
+	rng := rand.New(rand.NewPCG(seed, 99))
+	for op := 0; op < 1500 && !t.Failed(); op++ {
+		i := rng.IntN(streams)
+		name := fmt.Sprint("s", i)
+		if rng.IntN(10) == 0 {
+			if err := db.Delete(ctx, name); err != nil {
+				t.Fatalf("Delete(%s): %v", name, err)
+			}
+			if _, err := db.Head(ctx, name); !errors.Is(err, storage.ErrNotFound) {
+				t.Fatalf("Head(%s) after Delete: %v", name, err)
+			}
+			gens[i]++
+			counts[i] = 0
+			mustCreate(t, db, name, storage.CreateOptions{})
+		} else {
+			counts[i]++
+			data := fmt.Sprintf("%d.%d", gens[i], counts[i])
+			if _, err := db.Append(ctx, name, storage.AppendRequest{Records: [][]byte{[]byte(data)}}); err != nil {
+				t.Fatalf("Append(%s): %v", name, err)
+			}
+		}
+		// Read your own writes, through Head, Wait and Read.
+		tail := storage.FormatOffset(uint64(counts[i]))
+		in, err := db.Head(ctx, name)
+		if err != nil || in.Tail != tail {
+			t.Fatalf("Head(%s) = %s, %v; want tail %s", name, in.Tail, err, tail)
+		}
+		if counts[i] > 0 {
+			if err := db.Wait(ctx, name, storage.FormatOffset(uint64(counts[i]-1))); err != nil {
+				t.Fatalf("Wait(%s): %v", name, err)
+			}
+			res, err := db.Read(ctx, name, storage.FormatOffset(uint64(counts[i]-1)), 0)
+			if err != nil || len(res.Records) != 1 || string(res.Records[0].Data) != fmt.Sprintf("%d.%d", gens[i], counts[i]) {
+				t.Fatalf("Read(%s) of the last record = %+v, %v", name, res, err)
+			}
+		}
+	}
+}
+
+// checkGen checks a Read from the start of a stream whose records are
+// "gen.1", "gen.2", ... .
+func checkGen(res storage.ReadResult) error {
+	gen := ""
+	for i, r := range res.Records {
+		g, k, ok := strings.Cut(string(r.Data), ".")
+		if !ok || (gen != "" && g != gen) || k != strconv.Itoa(i+1) {
+			return fmt.Errorf("record %d is %q", i, r.Data)
+		}
+		gen = g
+		if r.Offset != storage.FormatOffset(uint64(i+1)) {
+			return fmt.Errorf("record %d has offset %s", i, r.Offset)
+		}
+	}
+	next := storage.FormatOffset(uint64(len(res.Records)))
+	if res.Next != next || !res.UpToDate || res.Tail != next {
+		return fmt.Errorf("%d records, Next %s, Tail %s, UpToDate %v", len(res.Records), res.Next, res.Tail, res.UpToDate)
+	}
+	return nil
+}
