@@ -37,6 +37,9 @@ go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 step "go test -race"
 go test -race -count=1 -timeout 12m ./...
 
+step "drain end-to-end at full size (2,000 sessions; -race runs 200)"
+go test -count=1 -run '^TestStorm_Drain$' ./cmd/syncgate
+
 step "node and npm"
 # The README snippet runs under Node; the Durable Streams conformance suite
 # is an npm package. A fresh machine may lack either.

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/syncgate/syncgate/gateway"
+	"github.com/syncgate/syncgate/internal/gwtest"
+	"github.com/syncgate/syncgate/storage"
+)
+
+// TestStorm_Drain is the drain end-to-end test (issue 4): stormTestN
+// reconnecting sessions on node A, each subscribed to a persisted topic
+// while a publisher publishes to it; A drains over a 4s spread; every
+// session must get its reconnect frame, move to node B within spread + 2s,
+// B must never accept more than 1.5 × n / spread sessions in any second,
+// A's drain must end in time, and no subscriber may miss or repeat an
+// acknowledged message. A and B run in process on one stream log, as two
+// nodes on shared storage would.
+func TestStorm_Drain(t *testing.T) {
+	if testing.Short() {
+		t.Skip("drain end-to-end: skipped with -short")
+	}
+	const spread, grace = 4 * time.Second, 5 * time.Second
+	if err := raiseFDLimit(uint64(4*stormTestN) + fdSlack); err != nil {
+		t.Skip(err)
+	}
+	db, err := storage.Open(filepath.Join(t.TempDir(), "streams.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	node := func() (*gateway.Server, *httptest.Server) {
+		gw, err := gateway.New(gateway.Config{Log: db, Persist: []string{"storm:*"},
+			DrainSpread: spread, DrainGrace: grace, AcceptRate: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts := httptest.NewServer(gw.Handler())
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			_ = gw.Shutdown(ctx)
+			ts.Close()
+		})
+		return gw, ts
+	}
+	gwA, tsA := node()
+	_, tsB := node()
+
+	drained := make(chan error, 1)
+	var drainStart time.Time
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	r, err := runStorm(ctx, stormConfig{
+		n: stormTestN, mode: stormPlan, spread: spread, rate: 10, topic: "storm:e2e",
+		urlA: gwtest.WSURL(tsA.URL), urlB: gwtest.WSURL(tsB.URL), metricsB: tsB.URL + "/metrics",
+		dialConc: 100, dialHTTP: nil, scrape: &http.Client{Timeout: 5 * time.Second},
+		stopA: func(context.Context) error {
+			drainStart = time.Now()
+			go func() { drained <- gwA.Drain(ctx) }()
+			return nil
+		},
+		aDone: func(context.Context) (time.Duration, error) {
+			err := <-drained
+			return time.Since(drainStart), err
+		},
+		settle: spread + grace,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("connected %d, reconnect frames %d, reconnected %d (by spread+2s %d, last %.3fs), peak accepts/s %.0f (server %v, limit %.0f), resubscribe %s, acked %d, missing %d, duplicates %d, A %s after %v s",
+		r.Connected, r.ReconnectFrames, r.Reconnected, r.ByDeadline, r.LastS, r.PeakAcceptsS, deref(r.PeakAcceptsSrv), r.PlanLimit,
+		r.Resubscribe, r.Acked, r.Missing, r.Duplicates, r.AExit, deref(r.AExitS))
+	n := stormTestN
+	if r.ReconnectFrames != n {
+		t.Errorf("%d sessions got a reconnect frame, want %d", r.ReconnectFrames, n)
+	}
+	if r.Reconnected != n || r.ByDeadline != n {
+		t.Errorf("reconnected to B: %d, by spread+2s: %d; want %d (last at %.3fs)", r.Reconnected, r.ByDeadline, n, r.LastS)
+	}
+	if r.PeakAcceptsS > r.PlanLimit {
+		t.Errorf("B accepted %.0f sessions in one second (client-side log), want at most 1.5·n/spread = %.0f", r.PeakAcceptsS, r.PlanLimit)
+	}
+	if r.PeakAcceptsSrv != nil && *r.PeakAcceptsSrv > r.PlanLimit {
+		t.Errorf("B's accept counter rose %.0f in one second, want at most %.0f", *r.PeakAcceptsSrv, r.PlanLimit)
+	}
+	if r.AExit != "ok" || r.AExitS == nil || *r.AExitS > (spread+grace).Seconds() {
+		t.Errorf("A's drain: %q after %v s, want nil within %v", r.AExit, r.AExitS, spread+grace)
+	}
+	if r.Acked == 0 || r.PublishErrors != 0 {
+		t.Errorf("publisher: %d acked, %d errors (%s)", r.Acked, r.PublishErrors, r.FirstError)
+	}
+	if r.Missing != 0 || r.Duplicates != 0 {
+		t.Errorf("subscribers missed %d acknowledged messages and got %d twice; want 0, 0", r.Missing, r.Duplicates)
+	}
+	if r.Expired != 0 {
+		t.Errorf("%d cursors expired on a persisted topic", r.Expired)
+	}
+}
+
+func deref(p *float64) float64 {
+	if p == nil {
+		return -1
+	}
+	return *p
+}
