@@ -26,7 +26,9 @@ type Config struct {
 	// Nil means a new registry with the Go and process collectors.
 	Registry *prometheus.Registry
 
-	// BuildID is the current app build, sent in the server's hello.
+	// BuildID is the current app build, sent in the server's hello; a
+	// client whose hello names another build (both non-empty) gets
+	// update-available. [Server.SetBuildID] changes it at runtime.
 	// Empty by default.
 	BuildID string
 

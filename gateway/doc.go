@@ -1,7 +1,11 @@
 // Package gateway serves syncgate's WebSocket endpoint and its HTTP
 // companions (/healthz, /readyz, /metrics).
 //
-// Start with [New] and [Server.Handler]; stop with [Server.Shutdown].
+// Start with [New] and [Server.Handler]; stop with [Server.Drain] (which
+// spreads the sessions' reconnects over Config.DrainSpread), then
+// [Server.Shutdown]. Admission is rationed by an accept budget
+// (Config.AcceptRate, AcceptBurst, MaxSessions); see budget.go and
+// docs/architecture.md, Stampede control.
 //
 // # Sessions
 //
