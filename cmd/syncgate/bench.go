@@ -30,15 +30,16 @@ import (
 // followed by exactly one JSON line starting with {"bench":"<command>".
 //
 // Files: bench.go (commands, common flags, connection setup), bench_connect.go,
-// bench_fanout.go, bench_topics.go (one command each), bench_load.go
+// bench_fanout.go, bench_topics.go, bench_storm.go (one command each;
+// bench_storm_run.go is the storm's wave, shared with the drain test), bench_load.go
 // (publisher and subscriber shared by fanout and topics), bench_hist.go
 // (latency histogram), bench_metrics.go (/metrics scrape), bench_unix.go and
 // bench_other.go (file-descriptor limit, process CPU time).
 
 const benchUsage = `usage: syncgate bench <command> [flags]
 
-Load-test a running gateway (append runs its own, in process). Each command prints a summary, then one JSON
-line starting with {"bench":"<command>" (grep '^{"bench"').
+Load-test a running gateway (append runs its own in process, storm two as child processes).
+Each command prints a summary, then one JSON line starting with {"bench":"<command>" (grep '^{"bench"').
 
 Commands:
   connect -n N [-hold 2s]                    open N idle sessions: connects/s, connect time,
@@ -51,9 +52,13 @@ Commands:
                                              fsynced appends (1 producer, one tx per append,
                                              group commit), Durable Streams HTTP appends and
                                              catch-up read over loopback
+  storm   -n N [-spread 30s] [-mode both]    nodes A and B as child processes, N reconnecting
+                                             sessions on A; A drains (plan) or is killed
+                                             (close-all): accepts/s at B, time to resubscribe,
+                                             % reconnected by spread+2s, messages lost
 
 Common flags: -url, -metrics, -dial-concurrency, -dial-timeout, -timeout,
--allow-remote, -source-ips. Run "syncgate bench <command> -h" for all flags.
+-allow-remote, -source-ips (storm: none of -url, -metrics, -allow-remote). Run "syncgate bench <command> -h" for all flags.
 `
 
 // benchBuildID is the build id every bench session sends in hello.
@@ -82,6 +87,8 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return benchTopics(ctx, args, stdout, stderr)
 	case "append":
 		return benchAppend(ctx, args, stdout, stderr)
+	case "storm":
+		return benchStorm(ctx, args, stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stderr, benchUsage)
 		return errUsage

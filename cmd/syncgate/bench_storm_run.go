@@ -41,6 +41,8 @@ type stormConfig struct {
 	aDone func(ctx context.Context) (time.Duration, error)
 	// settle bounds the wait for the wave after A goes.
 	settle time.Duration
+	// lead is how long the publisher runs before A goes away (default 1s).
+	lead time.Duration
 }
 
 const (
@@ -108,7 +110,14 @@ type stormResult struct {
 	AExit           string      `json:"a_exit,omitempty"`
 	FirstError      string      `json:"first_error,omitempty"`
 	acked           []int64
+	pubs            map[int64]*pubTimes // every publish sent, by message number; guarded by runStorm until it returns
+	start           time.Time           // when A was told to go away
 	sessions        []*stormSession
+}
+
+// pubTimes is when one publish was sent and (if it was) acknowledged.
+type pubTimes struct {
+	sent, acked time.Time
 }
 
 // runStorm runs one wave and closes every session it opened.
@@ -179,6 +188,7 @@ func runStorm(ctx context.Context, cfg stormConfig) (*stormResult, error) {
 	var ackMu sync.Mutex
 	var pubErr firstError
 	var published, acked atomic.Int64
+	r.pubs = make(map[int64]*pubTimes)
 	inflight := sync.WaitGroup{}
 	pubCtx, stopPub := context.WithCancel(ctx)
 	pubDone := make(chan struct{})
@@ -194,6 +204,10 @@ func runStorm(ctx context.Context, cfg stormConfig) (*stormResult, error) {
 			}
 			inflight.Add(1)
 			published.Add(1)
+			pt := &pubTimes{sent: time.Now()}
+			ackMu.Lock()
+			r.pubs[i] = pt
+			ackMu.Unlock()
 			err := pub.PublishAsync(pubCtx, cfg.topic, json.RawMessage(strconv.FormatInt(i, 10)), func(_ string, err error) {
 				defer inflight.Done()
 				if err != nil {
@@ -202,6 +216,7 @@ func runStorm(ctx context.Context, cfg stormConfig) (*stormResult, error) {
 				}
 				acked.Add(1)
 				ackMu.Lock()
+				pt.acked = time.Now()
 				r.acked = append(r.acked, i)
 				ackMu.Unlock()
 			})
@@ -259,10 +274,15 @@ func runStorm(ctx context.Context, cfg stormConfig) (*stormResult, error) {
 	}()
 
 	// Let the publisher run, then make A go away.
-	if err := sleepCtx(ctx, time.Second); err != nil {
+	lead := cfg.lead
+	if lead <= 0 {
+		lead = time.Second
+	}
+	if err := sleepCtx(ctx, lead); err != nil {
 		return nil, err
 	}
 	start := time.Now()
+	r.start = start
 	if err := cfg.stopA(ctx); err != nil {
 		return nil, fmt.Errorf("storm: stopping A: %w", err)
 	}

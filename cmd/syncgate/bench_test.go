@@ -213,6 +213,39 @@ func TestBench_RefusesRemote(t *testing.T) {
 	}
 }
 
+// TestBench_Storm runs both modes with 50 sessions on two child nodes (the
+// test binary, see init in storm_test.go).
+func TestBench_Storm(t *testing.T) {
+	t.Parallel()
+	var r stormReport
+	runBench(t, &r, "storm", "-n", "50", "-spread", "1s", "-grace", "2s", "-rate", "10")
+	if r.N != 50 || len(r.Modes) != 2 || r.Modes[0].Mode != stormPlan || r.Modes[1].Mode != stormCloseAll {
+		t.Fatalf("report: n %d, %d modes; want 50, plan then close-all", r.N, len(r.Modes))
+	}
+	for _, m := range r.Modes {
+		if m.Connected != 50 || m.Reconnected != 50 {
+			t.Errorf("%s: connected %d, reconnected %d; want 50, 50", m.Mode, m.Connected, m.Reconnected)
+		}
+		if m.Acked == 0 || m.LostAcked != 0 || m.InBothLogs != 0 || m.StoredTwice != 0 {
+			t.Errorf("%s: acked %d, lost %d, in both logs %d, stored twice %d", m.Mode, m.Acked, m.LostAcked, m.InBothLogs, m.StoredTwice)
+		}
+		if m.InALog+m.InBLog < m.Acked {
+			t.Errorf("%s: %d in A's log + %d in B's < %d acked", m.Mode, m.InALog, m.InBLog, m.Acked)
+		}
+		if m.PeakAcceptsSrv == nil || *m.PeakAcceptsSrv <= 0 {
+			t.Errorf("%s: no accept samples from B", m.Mode)
+		}
+		if m.Resubscribe.Count != 50 {
+			t.Errorf("%s: %d resubscribe times, want 50", m.Mode, m.Resubscribe.Count)
+		}
+	}
+	plan := r.Modes[0]
+	if plan.ReconnectFrames != 50 || plan.AExit != "ok" || plan.Missed != 0 || plan.Duplicates != 0 {
+		t.Errorf("plan: %d reconnect frames, A %q, missed %d, duplicates %d; want 50, ok, 0, 0",
+			plan.ReconnectFrames, plan.AExit, plan.Missed, plan.Duplicates)
+	}
+}
+
 func TestBench_Usage(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{nil, {"nope"}, {"fanout", "-bogus"}, {"topics", "extra"},
