@@ -8,8 +8,9 @@ import (
 	"time"
 )
 
-// meta is a stream's persisted state, JSON-encoded under its id in the
-// "meta" bucket. It is small and rewritten at most once per transaction.
+// meta is a stream's persisted state, encoded under its id in the "meta"
+// bucket (encodeMeta). It is small and rewritten at most once per
+// transaction. The json tags decode metas written before the binary form.
 type meta struct {
 	ID           uint64        `json:"id"`
 	Name         string        `json:"n"`
@@ -48,11 +49,171 @@ type closeProd struct {
 	Seq   int64  `json:"s"`
 }
 
+// Meta encodings: metaBinary is the first byte of the binary form
+// (encodeMeta); a meta starting with '{' is JSON, as written before.
+const metaBinary byte = 1
+
+// Meta flag bits of the binary form.
+const (
+	mfInherit = 1 << iota
+	mfClosed
+	mfCloseProd
+	mfForkDefault
+	mfDeleted
+	mfRetention
+	mfExpiresAt
+)
+
+// encodeMeta appends m's binary form to b: metaBinary, then uvarint
+// flags, then the fields in declaration order as uvarints (ids,
+// positions), varints (durations, counts, Unix seconds) and
+// length-prefixed strings; a time is Unix seconds and nanoseconds;
+// CloseProd, Retention and ExpiresAt only when their flag is set.
+func encodeMeta(b []byte, m *meta) []byte {
+	var f uint64
+	for bit, on := range [...]bool{m.Inherit, m.Closed, m.CloseProd != nil, m.ForkDefault, m.Deleted, m.Retention != nil, !m.ExpiresAt.IsZero()} {
+		if on {
+			f |= 1 << bit
+		}
+	}
+	b = append(b, metaBinary)
+	b = binary.AppendUvarint(b, f)
+	b = binary.AppendUvarint(b, m.ID)
+	b = appendString(b, m.Name)
+	b = appendString(b, m.ContentType)
+	b = binary.AppendVarint(b, int64(m.TTL))
+	if f&mfExpiresAt != 0 {
+		b = appendTime(b, m.ExpiresAt)
+	}
+	b = appendString(b, m.ExpiresAtRaw)
+	b = appendTime(b, m.Created)
+	b = binary.AppendVarint(b, m.Access)
+	if p := m.CloseProd; p != nil {
+		b = appendString(b, p.ID)
+		b = binary.AppendVarint(b, p.Epoch)
+		b = binary.AppendVarint(b, p.Seq)
+	}
+	b = appendString(b, m.StreamSeq)
+	for _, v := range [...]uint64{m.Tail, m.Base, m.Pruned} {
+		b = binary.AppendUvarint(b, v)
+	}
+	b = binary.AppendVarint(b, m.Bytes)
+	b = binary.AppendVarint(b, m.Count)
+	b = binary.AppendUvarint(b, m.SrcID)
+	b = appendString(b, m.ForkFrom)
+	b = binary.AppendVarint(b, m.ForkSub)
+	b = binary.AppendVarint(b, int64(m.Forks))
+	if r := m.Retention; r != nil {
+		b = binary.AppendVarint(b, int64(r.MaxAge))
+		b = binary.AppendVarint(b, r.MaxBytes)
+		b = binary.AppendVarint(b, r.MaxRecords)
+	}
+	return b
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+func appendTime(b []byte, t time.Time) []byte {
+	b = binary.AppendVarint(b, t.Unix())
+	return binary.AppendUvarint(b, uint64(t.Nanosecond()))
+}
+
+var errCorruptMeta = errors.New("storage: corrupt stream meta")
+
+// decodeMeta decodes a meta in either form into m, which must be zero.
 func decodeMeta(b []byte, m *meta) error {
-	if err := json.Unmarshal(b, m); err != nil {
-		return fmt.Errorf("storage: corrupt stream meta: %w", err)
+	if len(b) > 0 && b[0] == '{' {
+		if err := json.Unmarshal(b, m); err != nil {
+			return fmt.Errorf("%w: %w", errCorruptMeta, err)
+		}
+		return nil
+	}
+	if len(b) == 0 || b[0] != metaBinary {
+		return errCorruptMeta
+	}
+	d := metaDecoder{b: b[1:]}
+	f := d.uvarint()
+	m.ID = d.uvarint()
+	m.Name = d.string()
+	m.ContentType = d.string()
+	m.TTL = time.Duration(d.varint())
+	if f&mfExpiresAt != 0 {
+		m.ExpiresAt = d.time().UTC()
+	}
+	m.ExpiresAtRaw = d.string()
+	m.Created = d.time()
+	m.Access = d.varint()
+	if f&mfCloseProd != 0 {
+		m.CloseProd = &closeProd{ID: d.string(), Epoch: d.varint(), Seq: d.varint()}
+	}
+	m.StreamSeq = d.string()
+	m.Tail, m.Base, m.Pruned = d.uvarint(), d.uvarint(), d.uvarint()
+	m.Bytes, m.Count = d.varint(), d.varint()
+	m.SrcID = d.uvarint()
+	m.ForkFrom = d.string()
+	m.ForkSub = d.varint()
+	m.Forks = int(d.varint())
+	if f&mfRetention != 0 {
+		m.Retention = &Retention{MaxAge: time.Duration(d.varint()), MaxBytes: d.varint(), MaxRecords: d.varint()}
+	}
+	m.Inherit = f&mfInherit != 0
+	m.Closed = f&mfClosed != 0
+	m.ForkDefault = f&mfForkDefault != 0
+	m.Deleted = f&mfDeleted != 0
+	if d.bad || len(d.b) != 0 {
+		return errCorruptMeta
 	}
 	return nil
+}
+
+// metaDecoder reads the binary meta form; bad is set by the first
+// malformed field, after which every read returns zero.
+type metaDecoder struct {
+	b   []byte
+	bad bool
+}
+
+func (d *metaDecoder) uvarint() uint64 {
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.bad, d.b = true, nil
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *metaDecoder) varint() int64 {
+	v, n := binary.Varint(d.b)
+	if n <= 0 {
+		d.bad, d.b = true, nil
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *metaDecoder) string() string {
+	n := d.uvarint()
+	if n > uint64(len(d.b)) {
+		d.bad, d.b = true, nil
+		return ""
+	}
+	s := string(d.b[:n])
+	d.b = d.b[n:]
+	return s
+}
+
+func (d *metaDecoder) time() time.Time {
+	sec, ns := d.varint(), d.uvarint()
+	if ns >= 1e9 {
+		d.bad, d.b = true, nil
+		return time.Time{}
+	}
+	return time.Unix(sec, int64(ns))
 }
 
 // info builds the public description of m.
@@ -219,5 +380,3 @@ func key8(n uint64) []byte {
 	binary.BigEndian.PutUint64(k[:], n)
 	return k[:]
 }
-
-func encodeMeta(m *meta) ([]byte, error) { return json.Marshal(m) }

@@ -362,10 +362,9 @@ func (b *batch1) flush() error {
 				}
 				b.persisted[id] = a
 			}
-			v, err := encodeMeta(&ws.m)
-			if err != nil {
-				return err
-			}
+			b.scratch = encodeMeta(b.scratch[:0], &ws.m)
+			v := b.alloc(len(b.scratch))
+			copy(v, b.scratch)
 			if err := b.metas.Put(key8(id), v); err != nil {
 				return err
 			}
