@@ -92,8 +92,13 @@ type stormFinal struct {
 	InALog        int64   `json:"in_a_log"`
 	InBLog        int64   `json:"in_b_log"`
 	Missed        int64   `json:"missed"`
-	UnseenSplit   int64   `json:"unseen_split"`
-	BProfile      string  `json:"b_cpu_profile,omitempty"`
+	MissedA       int64   `json:"missed_a"`
+	MissedB       int64   `json:"missed_b"`
+	// MissedAWindowMS is the longest a missed A-message was acknowledged
+	// before its subscriber's move began: the seam A closes on.
+	MissedAWindowMS float64 `json:"missed_a_window_ms"`
+	UnseenSplit     int64   `json:"unseen_split"`
+	BProfile        string  `json:"b_cpu_profile,omitempty"`
 }
 
 func benchStorm(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -141,8 +146,9 @@ func benchStorm(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 	}
 	b.url = "ws://127.0.0.1/v1/ws" // nodes are always on loopback
-	// Both connections of a make-before-break take-over, and the publisher.
-	env, err := b.setup(ctx, 2**n+1)
+	// One per session and the publisher, and headroom for the sessions
+	// that hold two while they take over (make-before-break).
+	env, err := b.setup(ctx, *n+*n/2+1)
 	if err != nil {
 		return err
 	}
@@ -303,6 +309,7 @@ func (sc *stormCmd) run(ctx context.Context) (*stormFinal, error) {
 // file for the definitions.
 func (f *stormFinal) checkLogs(logA, logB map[int64]int) {
 	r := &f.stormResult
+	defer func() { f.Missed = f.MissedA + f.MissedB }()
 	f.InALog, f.InBLog = int64(len(logA)), int64(len(logB))
 	for _, i := range r.acked {
 		na, nb := logA[i], logB[i]
@@ -328,12 +335,18 @@ func (f *stormFinal) checkLogs(logA, logB map[int64]int) {
 				continue
 			}
 			pt := r.pubs[i]
-			need := logA[i] > 0 && !s.since.IsZero() && pt.acked.Before(s.since) ||
-				logA[i] > 0 && s.since.IsZero() && pt.acked.Before(r.start) ||
-				logB[i] > 0 && !s.resumedAt.IsZero() && pt.sent.After(s.resumedAt)
-			if need {
-				f.Missed++
-			} else {
+			needA := logA[i] > 0 && !s.since.IsZero() && pt.acked.Before(s.since) ||
+				logA[i] > 0 && s.since.IsZero() && pt.acked.Before(r.start)
+			needB := logB[i] > 0 && !s.resumedAt.IsZero() && pt.sent.After(s.resumedAt)
+			switch {
+			case needA:
+				f.MissedA++
+				if !s.since.IsZero() {
+					f.MissedAWindowMS = max(f.MissedAWindowMS, round(float64(s.since.Sub(pt.acked))/1e6, 1))
+				}
+			case needB:
+				f.MissedB++
+			default:
 				f.UnseenSplit++
 			}
 		}
@@ -566,9 +579,15 @@ func printStorm(w io.Writer, rep stormReport) {
 	tw("acked lost (in no log)", func(m stormFinal) string { return fmt.Sprint(m.LostAcked) })
 	tw("acked in both logs / twice", func(m stormFinal) string { return fmt.Sprintf("%d / %d", m.InBothLogs, m.StoredTwice) })
 	tw("in A's log / in B's log", func(m stormFinal) string { return fmt.Sprintf("%d / %d", m.InALog, m.InBLog) })
-	tw("missed by subscribers", func(m stormFinal) string { return fmt.Sprint(m.Missed) })
+	tw("missed by subscribers (A / B)", func(m stormFinal) string {
+		return fmt.Sprintf("%d (%d / %d)", m.Missed, m.MissedA, m.MissedB)
+	})
+	tw("  missed on A: acked before move <=", func(m stormFinal) string {
+		return fmtMS(m.MissedAWindowMS)
+	})
 	tw("unseen (other node's log)", func(m stormFinal) string { return fmt.Sprint(m.UnseenSplit) })
 	tw("duplicates", func(m stormFinal) string { return fmt.Sprint(m.Duplicates) })
+	tw("dropped at cursor (client)", func(m stormFinal) string { return fmt.Sprint(m.Dropped) })
 	tw("A", func(m stormFinal) string {
 		if m.AExitS == nil {
 			return m.AExit

@@ -52,7 +52,8 @@ const (
 
 // stormSession is one measured session.
 type stormSession struct {
-	c *client.Client
+	c   *client.Client
+	sub *client.Subscription
 
 	mu sync.Mutex
 	// Guarded by mu.
@@ -106,6 +107,7 @@ type stormResult struct {
 	Expired         int         `json:"cursor_expired"`
 	Missing         int64       `json:"missing"` // acked messages some subscriber did not get (summed over subscribers)
 	Duplicates      int64       `json:"duplicates"`
+	Dropped         int64       `json:"dropped_at_cursor"` // patch ops the client dropped as at or before its cursor (Subscription.Duplicates)
 	AExitS          *float64    `json:"a_exit_s,omitempty"`
 	AExit           string      `json:"a_exit,omitempty"`
 	FirstError      string      `json:"first_error,omitempty"`
@@ -148,7 +150,7 @@ func runStorm(ctx context.Context, cfg stormConfig) (*stormResult, error) {
 			return
 		}
 		s.c = c
-		_, err = c.Subscribe(dctx, cfg.topic, nil, func(p *frames.Patch) {
+		s.sub, err = c.Subscribe(dctx, cfg.topic, nil, func(p *frames.Patch) {
 			for _, op := range p.Patches {
 				var row struct {
 					Data int64 `json:"data"`
@@ -370,6 +372,9 @@ func runStorm(ctx context.Context, cfg stormConfig) (*stormResult, error) {
 			r.LastS = max(r.LastS, round(s.resumedAt.Sub(start).Seconds(), 3))
 			hist.shard(i).record(int64(s.resumedAt.Sub(s.since)))
 		}
+		if s.sub != nil {
+			r.Dropped += s.sub.Duplicates()
+		}
 		miss, dup := s.check(r.acked)
 		r.Missing += miss
 		r.Duplicates += dup
@@ -455,3 +460,4 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 
 // metricAccepted counts the WebSocket upgrades a node accepted.
 const metricAccepted = "syncgate_sessions_accepted_total"
+
