@@ -90,8 +90,12 @@ func (c *overloadClient) connect(url string, deadline time.Time) {
 // {afterMs > 0, reason "overload"} and close 1013; and, honouring afterMs,
 // all are connected within the time the bucket needs, (5000-500)/500 s,
 // plus a margin.
+//
+// Not parallel: 10,000 sockets at once would starve the package's other
+// tests of CPU and be starved by them on a small machine, and a client
+// whose SYNs the full listen backlog dropped waits out TCP's retransmit
+// backoff (1 s, 3 s, 7 s, ...), which is not the budget under test.
 func TestOverload_RefusedClientsComeBackInStep(t *testing.T) {
-	t.Parallel()
 	if testing.Short() {
 		t.Skip("5,000 connections over about 10 s")
 	}
@@ -125,7 +129,7 @@ func TestOverload_RefusedClientsComeBackInStep(t *testing.T) {
 	}
 	expected := time.Duration(clients-burst) * time.Second / rate
 	start := time.Now()
-	deadline := start.Add(expected + 10*time.Second)
+	deadline := start.Add(expected + 20*time.Second)
 	var wg sync.WaitGroup
 	go1 := make(chan struct{})
 	for _, c := range cs {
