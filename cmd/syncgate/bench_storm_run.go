@@ -460,4 +460,3 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 
 // metricAccepted counts the WebSocket upgrades a node accepted.
 const metricAccepted = "syncgate_sessions_accepted_total"
-
