@@ -221,7 +221,9 @@ func TestDefaultFix(t *testing.T) {
 	codes := []Code{CodeBadFrame, CodeProtocolVersion, CodeUnknownType, CodeMissingField, CodeBadField,
 		CodeHelloRequired, CodeDuplicateHello, CodeUnexpectedFrame, CodeUnsupported, CodeBadTopic,
 		CodeSIDInUse, CodeNotSubscribed, CodeCursorExpired, CodeUnknownMutation, CodeBadInput,
-		CodeSeqGap, CodeSeqForgotten, CodeEpochFenced, CodeTooManySubs, CodeInternal}
+		CodeSeqGap, CodeSeqForgotten, CodeEpochFenced, CodeTooManySubs, CodeInternal,
+		CodeTokenRequired, CodeTokenExpired, CodeTokenNotYetValid, CodeBadToken, CodeTokenRejected,
+		CodeForbidden, CodeRateLimited, CodeTooManySessions}
 	if len(codes) != len(defaultFixes) {
 		t.Fatalf("%d codes listed here, %d default fixes", len(codes), len(defaultFixes))
 	}

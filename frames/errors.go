@@ -34,6 +34,19 @@ const (
 	CodeInternal        Code = "X_INTERNAL"               // the server failed; retry later
 )
 
+// Security errors: who the client is, what it may do, and how much.
+// docs/security.md maps each token failure to its code.
+const (
+	CodeTokenRequired    Code = "X_TOKEN_REQUIRED"      // hello without a token on a server that requires one
+	CodeTokenExpired     Code = "X_TOKEN_EXPIRED"       // the token's exp has passed: refresh it with a new hello
+	CodeTokenNotYetValid Code = "X_TOKEN_NOT_YET_VALID" // the token's nbf or iat is in the future
+	CodeBadToken         Code = "X_BAD_TOKEN"           // the token is malformed, too large, lacks exp, or has bad claims
+	CodeTokenRejected    Code = "X_TOKEN_REJECTED"      // signature, algorithm, key, audience or issuer not accepted; or another sub on refresh
+	CodeForbidden        Code = "X_FORBIDDEN"           // the token does not grant this action on this topic
+	CodeRateLimited      Code = "X_RATE_LIMITED"        // over the session's frame rate: the frame was dropped
+	CodeTooManySessions  Code = "X_TOO_MANY_SESSIONS"   // the actor already has the most sessions allowed
+)
+
 // Error is a typed protocol error. It travels to the client as an ack:
 // Ack{Ref: e.Ref, Error: e.Body()}. Ref, when known, is the ack ref of the
 // frame that caused it (see [Ack]). [Decode] returns only *Error; use
@@ -88,6 +101,16 @@ var defaultFixes = map[Code]string{
 	CodeEpochFenced:     "A newer connection of this producer took over; reconnect with a higher epoch.",
 	CodeTooManySubs:     "Drop a subscription before adding another.",
 	CodeInternal:        "Retry later; a mutate may be retried with the same key and seq.",
+
+	// Security errors.
+	CodeTokenRequired:    "Send hello.token: a JWT from your token issuer.",
+	CodeTokenExpired:     "Fetch a fresh token and send a new hello with it on this connection before the grace period ends.",
+	CodeTokenNotYetValid: "Check the clocks of the token issuer and this client; use the token once its nbf has passed.",
+	CodeBadToken:         "Fix the token issuer: send a compact JWS with exp, sub and valid topic patterns.",
+	CodeTokenRejected:    "Get a token from the issuer this server trusts, for this server's audience, for the same sub.",
+	CodeForbidden:        "Ask your token issuer for a token that grants this action on this topic.",
+	CodeRateLimited:      "Send fewer frames per second; resend the dropped frame after a pause.",
+	CodeTooManySessions:  "Close another session of this actor before opening a new one.",
 }
 
 // Body returns the wire form of e.
