@@ -816,6 +816,9 @@ func (d *decoder) presence(o *object) *Presence {
 			p.Members = append(p.Members, m)
 		}
 	}
+	if v := o.get("count"); v != nil && d.err == nil {
+		p.Count = d.intValue(o.at, "count", v, true)
+	}
 	return p
 }
 

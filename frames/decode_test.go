@@ -97,6 +97,10 @@ func TestDecode_Malformed(t *testing.T) {
 		{"presence topic empty", `{"type":"presence","v":1,"topic":"","op":"join","members":[]}`, CodeBadField, "", "presence.topic"},
 		{"presence member meta missing", pres + `"members":[{"id":"a","actorId":null,"updatedAt":1}]}`, CodeMissingField, "presence:room", "presence.members[0].meta"},
 		{"presence member updatedAt fraction", pres + `"members":[{"id":"a","actorId":null,"meta":null,"updatedAt":0.5}]}`, CodeBadField, "presence:room", "presence.members[0].updatedAt"},
+		{"presence count negative", pres + `"members":[],"count":-1}`, CodeBadField, "presence:room", "presence.count"},
+		{"presence count string", pres + `"members":[],"count":"3"}`, CodeBadField, "presence:room", "presence.count"},
+		{"presence count null", pres + `"members":[],"count":null}`, CodeBadField, "presence:room", "presence.count"},
+		{"presence count fraction", pres + `"members":[],"count":2.5}`, CodeBadField, "presence:room", "presence.count"},
 		{"reconnect afterMs negative", `{"type":"reconnect","v":1,"afterMs":-5,"reason":"drain"}`, CodeBadField, "", "reconnect.afterMs"},
 		{"reconnect reason unknown", `{"type":"reconnect","v":1,"afterMs":5,"reason":"bored"}`, CodeBadField, "", "reconnect.reason"},
 		{"update-available buildId null", `{"type":"update-available","v":1,"buildId":null}`, CodeBadField, "", "update-available.buildId"},
@@ -171,6 +175,8 @@ func TestDecode_Frames(t *testing.T) {
 			Row: json.RawMessage(`{"id":"t1","title":"milk","done":true}`)},
 		"presence": &Presence{Topic: "room-1", Op: PresenceSync, Members: []Member{{
 			ID: "s_91", ActorID: ptr("u_1"), Meta: json.RawMessage(`{"name":"Ada"}`), UpdatedAt: 1767225600000}}},
+		"presence/count": &Presence{Topic: "room-1", Op: PresenceJoin, Count: 1500, Members: []Member{{
+			ID: "tab-7f3a", ActorID: nil, Meta: json.RawMessage(`null`), UpdatedAt: 1767225600000}}},
 		"reconnect":        &Reconnect{AfterMs: 1500, Reason: ReasonDrain},
 		"update-available": &UpdateAvailable{BuildID: "web-2026.08.2"},
 	}

@@ -32,6 +32,7 @@ func roundTripFrames() map[string]Frame {
 		"rebase":           &Rebase{Key: "k", Entity: tricky, Strategy: StrategyLastWriteWins, Row: json.RawMessage(`{"id":"x"}`)},
 		"rebase/deleted":   &Rebase{Key: "k", Entity: "e", Strategy: StrategyCustom},
 		"presence":         &Presence{Topic: "room", Op: PresenceJoin, Members: []Member{{ID: tricky, Meta: json.RawMessage(`[true,false]`), UpdatedAt: 1}}},
+		"presence/count":   &Presence{Topic: "room", Op: PresenceUpdate, Members: []Member{}, Count: 1 << 40},
 		"reconnect":        &Reconnect{AfterMs: 250, Reason: ReasonRebalance},
 		"update-available": &UpdateAvailable{BuildID: ""},
 	}
@@ -223,7 +224,8 @@ func TestDefaultFix(t *testing.T) {
 		CodeSIDInUse, CodeNotSubscribed, CodeCursorExpired, CodeUnknownMutation, CodeBadInput,
 		CodeSeqGap, CodeSeqForgotten, CodeEpochFenced, CodeTooManySubs, CodeInternal,
 		CodeTokenRequired, CodeTokenExpired, CodeTokenNotYetValid, CodeBadToken, CodeTokenRejected,
-		CodeForbidden, CodeRateLimited, CodeTooManySessions}
+		CodeForbidden, CodeRateLimited, CodeTooManySessions,
+		CodePresenceNotSubscribed, CodePresenceNotJoined, CodePresenceConflict, CodeMetaTooLarge}
 	if len(codes) != len(defaultFixes) {
 		t.Fatalf("%d codes listed here, %d default fixes", len(codes), len(defaultFixes))
 	}

@@ -47,6 +47,14 @@ const (
 	CodeTooManySessions  Code = "X_TOO_MANY_SESSIONS"   // the actor already has the most sessions allowed
 )
 
+// Presence errors: a presence frame is well formed but refused.
+const (
+	CodePresenceNotSubscribed Code = "X_PRESENCE_NOT_SUBSCRIBED" // presence join/update on a topic the session has not subscribed to
+	CodePresenceNotJoined     Code = "X_PRESENCE_NOT_JOINED"     // presence update without a join, or after the member expired
+	CodePresenceConflict      Code = "X_PRESENCE_CONFLICT"       // the member id (hello.clientId) is held by another actor in the topic
+	CodeMetaTooLarge          Code = "X_META_TOO_LARGE"          // a presence member's meta is over the server's limit
+)
+
 // Error is a typed protocol error. It travels to the client as an ack:
 // Ack{Ref: e.Ref, Error: e.Body()}. Ref, when known, is the ack ref of the
 // frame that caused it (see [Ack]). [Decode] returns only *Error; use
@@ -111,6 +119,12 @@ var defaultFixes = map[Code]string{
 	CodeForbidden:        "Ask your token issuer for a token that grants this action on this topic.",
 	CodeRateLimited:      "Send fewer frames per second; resend the dropped frame after a pause.",
 	CodeTooManySessions:  "Close another session of this actor before opening a new one.",
+
+	// Presence errors.
+	CodePresenceNotSubscribed: "Subscribe to the topic before joining its presence.",
+	CodePresenceNotJoined:     "Send presence join (again) before update; a member expires when its session stops answering.",
+	CodePresenceConflict:      "Use a hello.clientId of your own; another actor's session holds this one in the topic.",
+	CodeMetaTooLarge:          "Send smaller presence meta (the server's limit is 512 bytes by default).",
 }
 
 // Body returns the wire form of e.

@@ -37,7 +37,7 @@ const (
 	TypeMutate          Type = "mutate"           // client: {key, seq, name, input}
 	TypeAck             Type = "ack"              // server: {ref, lsn|null, error|null}
 	TypeRebase          Type = "rebase"           // server: {key, entity, strategy, row|null}
-	TypePresence        Type = "presence"         // both: {topic, op, members}
+	TypePresence        Type = "presence"         // both: {topic, op, members, count?}
 	TypeReconnect       Type = "reconnect"        // server: {afterMs, reason}
 	TypeUpdateAvailable Type = "update-available" // server: {buildId}
 )
@@ -198,10 +198,17 @@ type Member struct {
 }
 
 // Presence carries membership changes (or, with Op "sync", the full list).
+//
+// Count is optional on the wire and sent by the server only: the total
+// number of members present when the topic has more than the server lists
+// (the list is capped), so a client can show "and N more". Zero is left
+// out when encoding, and an absent count decodes to zero: the list is
+// complete.
 type Presence struct {
 	Topic   string   `json:"topic"`
 	Op      string   `json:"op"`
 	Members []Member `json:"members"`
+	Count   int64    `json:"count,omitempty"`
 }
 
 // Reconnect reasons.

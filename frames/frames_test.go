@@ -29,6 +29,7 @@ var validLines = []struct {
 	{"ack/error", `{"type":"ack","v":1,"ref":"","lsn":null,"error":{"code":"X_BAD_FRAME","cause":"frame: empty","fix":"Send one JSON object per line.","docs":"https://example.com/x"}}`},
 	{"rebase", `{"type":"rebase","v":1,"key":"m-77","entity":"todos/t1","strategy":"server-wins","row":{"id":"t1","title":"milk","done":true}}`},
 	{"presence", `{"type":"presence","v":1,"topic":"room-1","op":"sync","members":[{"id":"s_91","actorId":"u_1","meta":{"name":"Ada"},"updatedAt":1767225600000}]}`},
+	{"presence/count", `{"type":"presence","v":1,"topic":"room-1","op":"join","members":[{"id":"tab-7f3a","actorId":null,"meta":null,"updatedAt":1767225600000}],"count":1500}`},
 	{"reconnect", `{"type":"reconnect","v":1,"afterMs":1500,"reason":"drain"}`},
 	{"update-available", `{"type":"update-available","v":1,"buildId":"web-2026.08.2"}`},
 }
