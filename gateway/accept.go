@@ -69,6 +69,7 @@ var refusalText = map[string]string{
 	rejectRate:        "over the accept rate: reconnect as the reconnect frame said",
 	rejectMaxSessions: "node full: reconnect as the reconnect frame said",
 	rejectDraining:    "server draining: reconnect as the reconnect frame said",
+	rejectPerIP:       "too many sessions from this address: reconnect as the reconnect frame said",
 }
 
 // refuse turns a client away for reason, telling it to come back after
@@ -83,11 +84,11 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, reason string, a
 		return
 	}
 	defer s.wg.Done()
+	if !s.checkOrigin(w, r) {
+		return // a foreign page learns nothing, not even the node's load
+	}
 	s.metrics.rejected[reason].Inc()
-	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{
-		OriginPatterns:  s.cfg.AllowedOrigins,
-		CompressionMode: websocket.CompressionDisabled,
-	})
+	conn, err := websocket.Accept(w, r, acceptOptions)
 	if err != nil {
 		return // Accept has written the HTTP error
 	}
@@ -96,6 +97,28 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, reason string, a
 		frameReason, code = frames.ReasonDrain, websocket.StatusServiceRestart
 	}
 	s.sayReconnect(conn, frameReason, after, code, refusalText[reason])
+}
+
+// acceptOptions are the options of every websocket.Accept. The Origin has
+// been checked by checkOrigin (auth.OriginPolicy, stricter than the
+// library's path.Match patterns), so the library's own check is off.
+// Compression stays off (also the library's default): permessage-deflate
+// costs memory per session and opens compression side channels.
+var acceptOptions = &websocket.AcceptOptions{
+	InsecureSkipVerify: true,
+	CompressionMode:    websocket.CompressionDisabled,
+}
+
+// checkOrigin answers 403 and returns false when r's Origin is not
+// allowed (auth.OriginPolicy: absent, same host, or an allowlisted
+// pattern; never "null").
+func (s *Server) checkOrigin(w http.ResponseWriter, r *http.Request) bool {
+	if s.origins.Allow(r.Header.Get("Origin"), r.Host) {
+		return true
+	}
+	s.metrics.rejected[rejectOrigin].Inc()
+	http.Error(w, "origin not allowed: add it to SYNCGATE_ALLOWED_ORIGINS (docs/security.md)", http.StatusForbidden)
+	return false
 }
 
 // refusePlain answers 503 with Retry-After (whole seconds, rounded up).
@@ -109,6 +132,8 @@ func (s *Server) refusePlain(w http.ResponseWriter, reason string, after time.Du
 		msg = "over the accept rate; retry after the Retry-After delay"
 	case rejectMaxSessions:
 		msg = "node full; retry after the Retry-After delay"
+	case rejectPerIP:
+		msg = "too many sessions from this address; retry after the Retry-After delay"
 	case rejectDraining:
 		msg = "server draining; retry after the Retry-After delay (another node should answer)"
 	}

@@ -15,10 +15,14 @@ const (
 	rejectMaxSessions = "max_sessions" // MaxSessions connected
 	rejectDraining    = "draining"     // a drain is under way (Server.Drain)
 	rejectShutdown    = "shutdown"     // after Shutdown: plain 503, no upgrade
-	rejectHandshake   = "handshake"    // the WebSocket handshake failed (e.g. a foreign Origin)
+	rejectHandshake   = "handshake"    // the WebSocket handshake failed
+	rejectOrigin      = "origin"       // a foreign Origin: 403 before the upgrade (auth.OriginPolicy)
+	rejectPerIP       = "per_ip"       // MaxSessionsPerIP sessions from the client's address
+	rejectPerActor    = "per_actor"    // MaxSessionsPerActor sessions of the hello's actor (counted after the upgrade)
 )
 
-var rejectReasons = []string{rejectRate, rejectMaxSessions, rejectDraining, rejectShutdown, rejectHandshake}
+var rejectReasons = []string{rejectRate, rejectMaxSessions, rejectDraining, rejectShutdown, rejectHandshake,
+	rejectOrigin, rejectPerIP, rejectPerActor}
 
 // Bounds of the afterMs told to refused clients.
 const (

@@ -7,16 +7,20 @@ import "github.com/coder/websocket"
 type closeReason int
 
 const (
-	reasonNone          closeReason = iota
-	reasonClientClosed              // the client closed the connection
-	reasonReadError                 // the connection failed while reading
-	reasonWriteError                // a write failed or timed out
-	reasonMessageTooBig             // a client message exceeded MaxFrameBytes
-	reasonHelloTimeout              // no hello within HelloTimeout
-	reasonSlowConsumer              // the send queue overflowed
-	reasonPingTimeout               // no pong within PongTimeout
-	reasonShutdown                  // the server is shutting down
-	reasonDrain                     // the session's drain slot came (Server.Drain)
+	reasonNone            closeReason = iota
+	reasonClientClosed                // the client closed the connection
+	reasonReadError                   // the connection failed while reading
+	reasonWriteError                  // a write failed or timed out
+	reasonMessageTooBig               // a client message exceeded MaxFrameBytes
+	reasonHelloTimeout                // no hello within HelloTimeout
+	reasonSlowConsumer                // the send queue overflowed
+	reasonPingTimeout                 // no pong within PongTimeout
+	reasonShutdown                    // the server is shutting down
+	reasonDrain                       // the session's drain slot came (Server.Drain)
+	reasonAuth                        // hello's token was refused (auth.go)
+	reasonTokenExpired                // the token expired and was not refreshed within TokenGrace
+	reasonRateLimited                 // over the frame rate for RateLimitClose
+	reasonTooManySessions             // the actor has MaxSessionsPerActor sessions
 	numCloseReasons
 )
 
@@ -41,6 +45,11 @@ var closeReasons = [numCloseReasons]struct {
 	reasonPingTimeout:   {"ping_timeout", StatusPingTimeout, "no pong within the pong timeout"},
 	reasonShutdown:      {"shutdown", websocket.StatusGoingAway, "server shutting down"},
 	reasonDrain:         {"drain", websocket.StatusServiceRestart, "server restarting: reconnect as the reconnect frame said"},
+
+	reasonAuth:            {"auth", websocket.StatusPolicyViolation, "token refused: see the error ack"},
+	reasonTokenExpired:    {"token_expired", websocket.StatusPolicyViolation, "token expired and not refreshed within the grace period"},
+	reasonRateLimited:     {"rate_limited", websocket.StatusPolicyViolation, "over the frame rate for too long"},
+	reasonTooManySessions: {"too_many_sessions", websocket.StatusPolicyViolation, "too many sessions for this actor"},
 }
 
 func (r closeReason) String() string { return closeReasons[r].label }
@@ -49,7 +58,8 @@ func (r closeReason) String() string { return closeReasons[r].label }
 // for the others the connection is already gone or the peer sent the close.
 func (r closeReason) sendsCloseFrame() bool {
 	switch r {
-	case reasonHelloTimeout, reasonSlowConsumer, reasonPingTimeout, reasonShutdown, reasonDrain, reasonNone:
+	case reasonHelloTimeout, reasonSlowConsumer, reasonPingTimeout, reasonShutdown, reasonDrain, reasonNone,
+		reasonAuth, reasonTokenExpired, reasonRateLimited, reasonTooManySessions:
 		return true
 	}
 	return false
@@ -57,7 +67,12 @@ func (r closeReason) sendsCloseFrame() bool {
 
 // flushes reports whether the writer delivers what is queued before the
 // close frame: a server-initiated goodbye (shutdown, drain) does, so acks
-// already decided reach the client.
+// already decided reach the client, and so does a policy close, so the
+// error ack that explains it does.
 func (r closeReason) flushes() bool {
-	return r == reasonShutdown || r == reasonDrain
+	switch r {
+	case reasonShutdown, reasonDrain, reasonAuth, reasonTokenExpired, reasonRateLimited, reasonTooManySessions:
+		return true
+	}
+	return false
 }

@@ -60,11 +60,56 @@ type Config struct {
 	PingInterval time.Duration
 	PongTimeout  time.Duration
 
-	// AllowedOrigins lists extra Origin host patterns (path.Match syntax,
-	// e.g. "app.example.com" or "*.example.com") allowed to open sessions.
-	// The request's own host is always allowed, and so is a request without
-	// an Origin header (a non-browser client). Empty by default.
+	// AllowedOrigins lists extra Origin patterns allowed to open sessions
+	// (auth.OriginPolicy syntax: "app.example.com", "localhost:5173",
+	// "*.example.com", optionally with "https://" or "http://" in front to
+	// pin the scheme; no other wildcard). The request's own host is always
+	// allowed, and so is a request without an Origin header (a non-browser
+	// client); "null" never is. A refused Origin gets HTTP 403 before the
+	// upgrade. New fails on a bad pattern. Empty by default.
 	AllowedOrigins []string
+
+	// Security (auth.go, limits.go, docs/security.md).
+
+	// Verifier checks hello.token; *auth.Verifier satisfies it. Nil means
+	// anonymous dev mode: every session may use every topic, its actorId
+	// is null, and requests whose Host is not a loopback name or address
+	// are refused (421) unless Insecure is set.
+	Verifier TokenVerifier
+
+	// Insecure lets an anonymous gateway (no Verifier) answer requests
+	// for any Host. It has no effect with a Verifier. False by default.
+	Insecure bool
+
+	// TokenGrace is how long a session whose token expired may still send
+	// a refreshing hello; meanwhile its subscriptions keep flowing but its
+	// grants are void. After it the session is closed with 1008. Zero
+	// means 30s.
+	TokenGrace time.Duration
+
+	// FrameRate is the steady rate of frames per second a session may send
+	// (a token bucket of FrameBurst); a frame over it is dropped and
+	// answered with X_RATE_LIMITED. Zero means 1000; negative turns the
+	// limit off. FrameBurst zero means twice FrameRate.
+	FrameRate  float64
+	FrameBurst int
+
+	// RateLimitClose is how long a session may stay over its frame rate
+	// (refused frames with no second-long pause) before it is closed with
+	// 1008. Zero means 10s; negative never closes.
+	RateLimitClose time.Duration
+
+	// MaxSessionsPerIP caps the sessions of one client IP address (the
+	// TCP peer: behind a proxy, the proxy's). Over it a WebSocket client
+	// gets a reconnect frame and close 1013, like an overloaded node.
+	// Zero (the default) or negative means no cap.
+	MaxSessionsPerIP int
+
+	// MaxSessionsPerActor caps the sessions of one actor (token sub). Over
+	// it the hello is answered X_TOO_MANY_SESSIONS and the session closed
+	// with 1008. Zero means 100; negative means no cap. Anonymous
+	// sessions are not counted.
+	MaxSessionsPerActor int
 
 	// WriteBudget is the node's target rate of WebSocket messages written
 	// per second. Above it, busy sessions batch more frames per message by
@@ -196,6 +241,13 @@ func (c Config) withDefaults() (Config, error) {
 		c.AcceptBurst = max(1, int(c.AcceptRate+0.999999))
 	}
 	setDefault(&c.MaxSessions, 100000)
+	setDefault(&c.TokenGrace, 30*time.Second)
+	setDefault(&c.FrameRate, 1000)
+	if c.FrameBurst == 0 && c.FrameRate > 0 {
+		c.FrameBurst = max(1, int(2*c.FrameRate))
+	}
+	setDefault(&c.RateLimitClose, 10*time.Second)
+	setDefault(&c.MaxSessionsPerActor, 100)
 	if c.Rand == nil {
 		c.Rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())) // the global source is seeded from crypto/rand
 	}
@@ -208,7 +260,7 @@ func (c Config) withDefaults() (Config, error) {
 	case c.HelloTimeout < 0, c.MaxFrameBytes < 0, c.MaxBatchBytes < 0, c.SendQueueMessages < 0,
 		c.SendQueueBytes < 0, c.WriteTimeout < 0, c.WriteBudget < 0, c.PingInterval < 0, c.PongTimeout < 0,
 		c.MaxSubscriptions < 0, c.ProducerWindow < 0, c.ProducerIdle < 0, c.MaxProducers < 0, c.LongPollTimeout < 0, c.MaxAppendBytes < 0, c.PaceCPU < 0 || c.PaceCPU > 1,
-		c.DrainGrace < 0, c.AcceptBurst < 0:
+		c.DrainGrace < 0, c.AcceptBurst < 0, c.TokenGrace < 0, c.FrameBurst < 0:
 		return c, fmt.Errorf("gateway: negative limit in config")
 	case c.AdminToken != "" && len(c.AdminToken) < minAdminToken:
 		return c, fmt.Errorf("gateway: AdminToken must be at least %d bytes", minAdminToken)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/syncgate/syncgate/auth"
 	"github.com/syncgate/syncgate/frames"
 	"github.com/syncgate/syncgate/storage"
 )
@@ -17,6 +18,14 @@ const maxClientIDLen = 128
 // an error ack; none ends the session.
 func (s *session) handleLine(ctx context.Context, line []byte) {
 	f, err := frames.Decode(line)
+	if !s.allowFrame(s.srv.cfg.Now()) { // limits.go: every frame counts, bad ones too
+		ref := ""
+		if err == nil {
+			ref = refOf(f)
+		}
+		s.rateLimited(ref)
+		return
+	}
 	if err != nil {
 		s.srv.metrics.badFrames.Inc()
 		var fe *frames.Error
@@ -98,6 +107,10 @@ func refOf(f frames.Frame) string {
 
 func (s *session) handleFrameHello(f *frames.Hello) {
 	if s.helloDone.Load() {
+		if s.srv.cfg.Verifier != nil {
+			s.refreshToken(f) // auth.go: a hello on a session with a token refreshes it
+			return
+		}
 		s.sendError(frames.NewError(frames.CodeDuplicateHello, "", "hello was already received on this connection",
 			"send hello once per connection; open a new connection to start over"))
 		return
@@ -112,6 +125,21 @@ func (s *session) handleFrameHello(f *frames.Hello) {
 			"use a build id of at most 256 bytes, e.g. a version or a commit hash"))
 		return
 	}
+	st := anonymous // dev mode: a token, if any, is ignored
+	if s.srv.cfg.Verifier != nil {
+		if st = s.authenticate(f.Token); st == nil {
+			return // refused and closing (auth.go)
+		}
+		if s.srv.perActor.acquire(*st.actorID) {
+			s.actorKey = *st.actorID
+		} else if s.srv.perActor.max > 0 {
+			s.srv.metrics.rejected[rejectPerActor].Inc()
+			s.sendError(frames.NewError(frames.CodeTooManySessions, "", fmt.Sprintf("this actor already has %d sessions, the limit", s.srv.perActor.max), ""))
+			s.closeWith(reasonTooManySessions)
+			return
+		}
+	}
+	s.setAuth(st)
 	s.clientID, s.epoch = f.ClientID, f.Epoch
 	if f.ClientID != "" {
 		s.prod = s.srv.producers.acquire(f.ClientID, f.Epoch)
@@ -122,6 +150,7 @@ func (s *session) handleFrameHello(f *frames.Hello) {
 	id := s.id
 	s.answerHello(&frames.Hello{
 		SessionID: &id,
+		ActorID:   st.actorID,
 		Resume:    []frames.Cursor{},
 		ClientID:  f.ClientID,
 		Epoch:     f.Epoch,
@@ -151,6 +180,9 @@ func (s *session) handleFrameSubscribe(ctx context.Context, f *frames.Subscribe)
 	}
 	if err := validTopic(f.Target.Topic); err != nil {
 		s.sendError(frames.NewError(frames.CodeBadTopic, f.SID, "subscribe.target.topic: "+err.Error(), topicFix))
+		return
+	}
+	if !s.allowed(auth.Subscribe, f.SID, f.Target.Topic) {
 		return
 	}
 	if _, ok := s.subs[f.SID]; ok {
@@ -267,10 +299,13 @@ func (s *session) mutate(ctx context.Context, f *frames.Mutate) (outcome, <-chan
 		o.err = frames.NewError(frames.CodeBadTopic, f.Key, "mutate.input.topic: "+err.Error(), topicFix)
 		return o, nil
 	}
+	if o.err = s.forbidden(auth.Publish, f.Key, topic); o.err != nil {
+		return o, nil // before any effect: no delivery, no log append
+	}
 	if s.srv.persisted(topic) {
 		return s.publishPersisted(ctx, f, topic, data)
 	}
-	lsn, err := s.srv.publish(ctx, topic, nil, data)
+	lsn, err := s.srv.publish(ctx, topic, s.actorID(), data)
 	if err != nil {
 		s.log().Warn("publish failed", "topic", topic, "err", err)
 		o.err = frames.NewError(frames.CodeInternal, f.Key, "the server could not publish", "retry the same mutate (same key and seq) later")

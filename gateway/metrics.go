@@ -65,6 +65,7 @@ type metrics struct {
 	tailers         prometheus.Gauge
 	resumes         map[string]prometheus.Counter
 	replayed        prometheus.Counter
+	tokenRefreshes  prometheus.Counter
 }
 
 // Resume outcomes label syncgate_resumes_total.
@@ -116,13 +117,16 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		replayed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "syncgate_replayed_records_total", Help: "Log records sent to resuming subscriptions of persisted topics.",
 		}),
+		tokenRefreshes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "syncgate_token_refreshes_total", Help: "Hellos that refreshed a live session's token. Refused tokens count in syncgate_error_acks_total by code.",
+		}),
 		drops:    map[string]prometheus.Counter{},
 		resumes:  map[string]prometheus.Counter{},
 		rejected: map[string]prometheus.Counter{},
 	}
 	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "syncgate_sessions_rejected_total",
-		Help: "Connection attempts at /v1/ws refused, by reason (rate_limit, max_sessions, draining, shutdown, handshake).",
+		Help: "Connection attempts at /v1/ws refused, by reason (rate_limit, max_sessions, draining, shutdown, handshake, origin, per_ip, per_actor).",
 	}, []string{"reason"})
 	for _, r := range rejectReasons {
 		m.rejected[r] = rejected.WithLabelValues(r)
@@ -157,7 +161,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	}
 	reg.MustRegister(m.sessions, m.accepted, rejected, m.draining, framesIn, framesOut, m.badFrames,
 		m.errorsByCode, m.bytesIn, m.bytesOut, m.messagesOut, drops, closes, m.deliveryLatency, m.publishes, m.writeDelay,
-		m.tailers, m.replayed, resumes)
+		m.tailers, m.replayed, resumes, m.tokenRefreshes)
 	return m
 }
 

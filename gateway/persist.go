@@ -103,7 +103,7 @@ func (s *session) publishPersisted(ctx context.Context, f *frames.Mutate, topic 
 		// only increase (AllowGap).
 		prod = &storage.Producer{ID: s.clientID, Epoch: s.epoch, Seq: f.Seq, AllowGap: true}
 	}
-	rec := appendRecord(make([]byte, 0, len(data)+len(f.Key)+64), f.Key, data, nil, srv.cfg.Now().UnixMilli())
+	rec := appendRecord(make([]byte, 0, len(data)+len(f.Key)+64), f.Key, data, s.actorID(), srv.cfg.Now().UnixMilli())
 	req := storage.AppendRequest{Records: [][]byte{rec}, Producer: prod}
 	later := make(chan outcome, 1)
 	result := func(res storage.AppendResult, err error) outcome {

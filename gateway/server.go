@@ -4,6 +4,7 @@ import (
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"hash/maphash"
 	"log/slog"
 	"math/rand/v2"
@@ -15,6 +16,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/syncgate/syncgate/auth"
 	"github.com/syncgate/syncgate/fanout"
 	"github.com/syncgate/syncgate/frames"
 )
@@ -52,6 +54,10 @@ type Server struct {
 
 	budget *acceptBudget // admission: rate and session cap (budget.go)
 
+	origins  *auth.OriginPolicy // checked before every upgrade (auth.go)
+	perIP    *counter           // sessions per client address (limits.go)
+	perActor *counter           // sessions per actor (limits.go)
+
 	randMu sync.Mutex
 	rnd    *rand.Rand // guarded by randMu: drain slots and refusal jitter
 
@@ -75,7 +81,14 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	origins, err := auth.NewOriginPolicy(cfg.AllowedOrigins)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: AllowedOrigins: %w", err)
+	}
 	s := &Server{
+		origins:   origins,
+		perIP:     newCounter(cfg.MaxSessionsPerIP),
+		perActor:  newCounter(cfg.MaxSessionsPerActor),
 		cfg:       cfg,
 		log:       cfg.Logger,
 		transport: cfg.Transport,
@@ -118,6 +131,9 @@ func New(cfg Config) (*Server, error) {
 		s.addAdminRoutes(mux)
 	}
 	s.handler = mux
+	if cfg.Verifier == nil && !cfg.Insecure {
+		s.handler = loopbackOnly(mux)
+	}
 
 	s.wg.Go(s.sweepLoop)
 	s.wg.Go(s.pacer.run)
@@ -147,17 +163,24 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, r, rejectDraining, s.budget.jitter(time.Millisecond, drainRefusalMax))
 		return
 	}
+	if !s.checkOrigin(w, r) {
+		return
+	}
 	if ok, reason, after := s.budget.admit(s.cfg.Now()); !ok {
 		s.refuse(w, r, reason, after)
 		return
 	}
+	ip := clientIP(r.RemoteAddr)
+	if !s.perIP.acquire(ip) {
+		s.budget.release()
+		s.refuse(w, r, rejectPerIP, s.budget.jitter(fullDelayMin, fullDelayMax))
+		return
+	}
 	var netConn *corkConn
-	conn, err := websocket.Accept(hijackSizer{w, &netConn}, r, &websocket.AcceptOptions{
-		OriginPatterns:  s.cfg.AllowedOrigins,
-		CompressionMode: websocket.CompressionDisabled,
-	})
+	conn, err := websocket.Accept(hijackSizer{w, &netConn}, r, acceptOptions)
 	if err != nil {
-		// Accept has written the HTTP error (403 for a foreign Origin).
+		// Accept has written the HTTP error.
+		s.perIP.release(ip)
 		s.budget.release()
 		s.metrics.rejected[rejectHandshake].Inc()
 		s.log.Debug("upgrade refused", logKeyRemote, r.RemoteAddr, "err", err)
@@ -168,6 +191,7 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 	sess := newSession(s.baseCtx, s, conn, netConn, newSessionID(), r.RemoteAddr)
 	if !s.register(sess) {
 		// A drain or Shutdown began while this client was upgrading.
+		s.perIP.release(ip)
 		s.budget.release()
 		if s.track() {
 			defer s.wg.Done()
@@ -224,6 +248,7 @@ func (s *Server) unregister(sess *session) {
 		s.drain.idleLocked()
 	}
 	s.mu.Unlock()
+	s.perIP.release(sess.ip)
 	s.budget.release()
 	s.metrics.sessions.Dec()
 	s.wg.Done()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"golang.org/x/time/rate"
 
 	"github.com/syncgate/syncgate/fanout"
 	"github.com/syncgate/syncgate/frames"
@@ -43,6 +44,19 @@ type session struct {
 
 	// Owned by the reader goroutine. Nil until the first subscribe.
 	subs map[string]*subscription
+
+	// Security (auth.go, limits.go). auth is nil until hello, then
+	// replaced whole by a refresh or at expiry; safe from any goroutine.
+	// lim and the limited* times are owned by the reader; ip and
+	// actorKey are set before run (ip) or by hello (actorKey) and
+	// released when run ends.
+	auth         atomic.Pointer[authState]
+	tokens       tokenClock
+	lim          *rate.Limiter // nil: no frame rate limit
+	limitedSince int64         // Unix nanoseconds: start of the current run of refused frames
+	limitedLast  int64         // Unix nanoseconds: the last refused frame
+	ip           string        // counted in srv.perIP
+	actorKey     string        // counted in srv.perActor; "" when not counted
 
 	// Send side; safe from any goroutine. q.mu also guards pingTimer's
 	// re-arming and the decision to start a writer.
@@ -89,6 +103,8 @@ func newSession(ctx context.Context, srv *Server, conn *websocket.Conn, netConn 
 		id:      id,
 		remote:  remote,
 		ctx:     ctx,
+		ip:      clientIP(remote),
+		lim:     newFrameLimiter(&srv.cfg),
 	}
 	s.q.writers = &s.writers
 	return s
@@ -126,6 +142,10 @@ func (s *session) run() {
 	}
 	if s.prod != nil && s.clientID != "" {
 		s.srv.producers.release(s.prod, s.srv.cfg.Now())
+	}
+	s.stopTokenClock()
+	if s.actorKey != "" {
+		s.srv.perActor.release(s.actorKey)
 	}
 	if s.srv.log.Enabled(context.Background(), slog.LevelDebug) {
 		s.log().Debug("session closed", "reason", s.q.reason.String(), "err", err)

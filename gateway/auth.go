@@ -1,0 +1,251 @@
+package gateway
+
+import (
+	"errors"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/syncgate/syncgate/auth"
+	"github.com/syncgate/syncgate/frames"
+)
+
+// TokenVerifier checks the token a client sends in hello. *auth.Verifier
+// satisfies it. Verify's error must wrap one of the auth.Err… sentinels
+// (they pick the error code the client gets) and must not contain the
+// token.
+type TokenVerifier interface {
+	Verify(token string) (*auth.Identity, error)
+}
+
+var _ TokenVerifier = (*auth.Verifier)(nil)
+
+// authState is what a session may do: set by hello, replaced by a
+// refreshing hello, read by every subscribe, publish and presence frame.
+// Immutable; sessions swap pointers.
+type authState struct {
+	actorID *string // nil for an anonymous session
+	grants  auth.Grants
+	expires time.Time // zero: never (anonymous)
+	expired bool      // exp has passed: the session is in its grace period
+}
+
+// anonymous is the state of every session of a gateway without a
+// verifier (dev mode): no actor, every grant.
+var anonymous = &authState{grants: auth.AllowAll()}
+
+// tokenCode maps a verification error to the code the client gets
+// (docs/security.md, Refusals).
+func tokenCode(err error) frames.Code {
+	switch {
+	case errors.Is(err, auth.ErrExpired):
+		return frames.CodeTokenExpired
+	case errors.Is(err, auth.ErrNotYetValid):
+		return frames.CodeTokenNotYetValid
+	case errors.Is(err, auth.ErrTooLarge), errors.Is(err, auth.ErrMalformed),
+		errors.Is(err, auth.ErrMissingExp), errors.Is(err, auth.ErrBadClaims):
+		return frames.CodeBadToken
+	}
+	// ErrBadAlgorithm, ErrUnknownKey, ErrBadSignature, ErrAudience,
+	// ErrIssuer, and anything a custom verifier returns.
+	return frames.CodeTokenRejected
+}
+
+// authenticate verifies a hello's token. On failure it sends the error ack
+// and closes the session with 1008 (reasonAuth), and returns nil: a client
+// whose token is refused fetches another and opens a new connection, as
+// Centrifugo and Phoenix clients do on a refused connect. The token is
+// never logged.
+func (s *session) authenticate(token string) *authState {
+	v := s.srv.cfg.Verifier
+	if token == "" {
+		s.refuseAuth(frames.NewError(frames.CodeTokenRequired, "", "hello.token: this server requires a token", ""))
+		return nil
+	}
+	id, err := v.Verify(token)
+	if err != nil {
+		// auth's errors never contain the token: safe to log and to send.
+		s.log().Info("token refused", "err", err)
+		s.refuseAuth(frames.NewError(tokenCode(err), "", "hello.token: "+err.Error(), ""))
+		return nil
+	}
+	actor := id.ActorID
+	return &authState{actorID: &actor, grants: id.Grants, expires: id.Expires}
+}
+
+// refuseAuth answers a hello with e and closes the session with 1008 once
+// the answer is written.
+func (s *session) refuseAuth(e *frames.Error) {
+	s.sendError(e)
+	s.closeWith(reasonAuth)
+}
+
+// refreshToken handles a hello on a session that already has a token: a
+// refresh. The new token must verify and name the same sub; its grants and
+// exp replace the old ones, and the server answers with its hello again
+// (same sessionId). A refused refresh closes the session like a refused
+// first hello.
+func (s *session) refreshToken(f *frames.Hello) {
+	old := s.auth.Load()
+	st := s.authenticate(f.Token)
+	if st == nil {
+		return
+	}
+	if *st.actorID != *old.actorID {
+		s.refuseAuth(frames.NewError(frames.CodeTokenRejected, "", "hello.token: a refreshing token must name the session's sub",
+			"refresh with a token for the same actor; open a new connection to change actor"))
+		return
+	}
+	s.setAuth(st)
+	s.srv.metrics.tokenRefreshes.Inc()
+	id := s.id
+	s.send(&frames.Hello{
+		BuildID:   s.srv.BuildID(),
+		SessionID: &id,
+		ActorID:   st.actorID,
+		Resume:    []frames.Cursor{},
+		ClientID:  s.clientID,
+		Epoch:     s.epoch,
+	})
+}
+
+// tokenClock is a session's expiry timer. At the token's exp the session
+// is told X_TOKEN_EXPIRED and its grants stop working (subscribe, publish
+// and presence frames get X_TOKEN_EXPIRED); what it already subscribed to
+// keeps flowing for Config.TokenGrace, so a refresh loses nothing. A
+// refresh within the grace restores it; otherwise it is closed with 1008
+// and receives nothing more.
+type tokenClock struct {
+	mu    sync.Mutex
+	timer *time.Timer // guarded by mu
+	gen   uint64      // guarded by mu: bumped by every setAuth and by stop; stale timers compare it
+}
+
+// setAuth installs st and (re)arms the expiry timer.
+func (s *session) setAuth(st *authState) {
+	s.auth.Store(st)
+	if st.expires.IsZero() {
+		return
+	}
+	c := &s.tokens
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gen++
+	gen := c.gen
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	c.timer = time.AfterFunc(st.expires.Sub(s.srv.cfg.Now()), func() { s.tokenExpired(gen) })
+}
+
+// tokenExpired runs at the token's exp: it tells the client and starts the
+// grace period.
+func (s *session) tokenExpired(gen uint64) {
+	c := &s.tokens
+	c.mu.Lock()
+	if c.gen != gen {
+		c.mu.Unlock()
+		return // refreshed or ended meanwhile
+	}
+	st := *s.auth.Load()
+	st.expired = true
+	s.auth.Store(&st)
+	c.timer = time.AfterFunc(s.srv.cfg.TokenGrace, func() { s.graceOver(gen) })
+	c.mu.Unlock()
+	s.sendError(frames.NewError(frames.CodeTokenExpired, "", "the session's token expired; the session is closed with 1008 after a grace period of "+s.srv.cfg.TokenGrace.String(),
+		"fetch a fresh token and send a new hello with it (same sub) on this connection before the grace period ends"))
+}
+
+func (s *session) graceOver(gen uint64) {
+	c := &s.tokens
+	c.mu.Lock()
+	stale := c.gen != gen
+	c.mu.Unlock()
+	if !stale {
+		s.closeWith(reasonTokenExpired)
+	}
+}
+
+// stopTokenClock stops the expiry timer for good (the session ended).
+func (s *session) stopTokenClock() {
+	c := &s.tokens
+	c.mu.Lock()
+	c.gen++
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	c.mu.Unlock()
+}
+
+// actorID is the session's actor, nil for an anonymous one (or before
+// hello).
+func (s *session) actorID() *string {
+	if st := s.auth.Load(); st != nil {
+		return st.actorID
+	}
+	return nil
+}
+
+// forbidden returns the error that refuses action on topic, or nil when
+// the session's grants allow it. ref is the ack ref of the frame.
+func (s *session) forbidden(action auth.Action, ref, topic string) *frames.Error {
+	st := s.auth.Load()
+	switch {
+	case st == nil:
+		return frames.NewError(frames.CodeHelloRequired, ref, "no hello on this connection yet", "")
+	case st.expired:
+		return frames.NewError(frames.CodeTokenExpired, ref, "the session's token expired: its grants no longer apply",
+			"send a new hello with a fresh token (same sub), then resend this frame")
+	case !st.grants.Allow(action, topic):
+		return frames.NewError(frames.CodeForbidden, ref, "the token does not grant "+action.String()+" on topic "+quote(topic), "")
+	}
+	return nil
+}
+
+// allowed reports whether the session may do action on topic; when it may
+// not, it sends the refusal (X_FORBIDDEN, or X_TOKEN_EXPIRED in the grace
+// period) as the ack of ref. Call it from frame handlers before any effect.
+func (s *session) allowed(action auth.Action, ref, topic string) bool {
+	if e := s.forbidden(action, ref, topic); e != nil {
+		s.sendError(e)
+		return false
+	}
+	return true
+}
+
+// loopbackOnly wraps h for an anonymous gateway: it refuses requests whose
+// Host header is not a loopback name or address. "Same host" origin checks
+// trust Host, which a DNS-rebinding page controls (evil.example resolving
+// to 127.0.0.1 sends Host: evil.example): without tokens, the Host check
+// is what keeps such a page off a developer's gateway.
+func loopbackOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !loopbackHost(r.Host) {
+			http.Error(w, "this gateway runs without tokens (dev mode) and answers only requests for localhost; configure token keys, or run it with -insecure", http.StatusMisdirectedRequest)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// loopbackHost reports whether a Host header names the local machine:
+// localhost, *.localhost (RFC 6761 §6.3), or a loopback IP. An empty Host
+// (HTTP/1.0, in-process handlers) passes: browsers, the rebinding
+// attacker's tool, always send one.
+func loopbackHost(hostport string) bool {
+	if hostport == "" {
+		return true
+	}
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.ToLower(strings.Trim(host, "[]")), ".")
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
