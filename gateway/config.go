@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/syncgate/syncgate/fanout"
+	"github.com/syncgate/syncgate/presence"
 )
 
 // Config configures a [Server]. The zero value is usable: every field
@@ -201,6 +202,35 @@ type Config struct {
 	// default) leaves the admin API off: its paths answer 404.
 	AdminToken string
 
+	// Presence (presence.go, docs/presence.md).
+
+	// Presence is the presence registry. Nil means a new in-process
+	// registry (presence.NewMemoryRegistry) built from the fields below
+	// and Now.
+	Presence presence.Registry
+
+	// PresenceTTL is how long a member whose session vanished (cut TCP,
+	// crashed node) stays present; live sessions refresh their members
+	// every PresenceTTL/3. Zero means 30s.
+	PresenceTTL time.Duration
+
+	// PresenceWindow is the coalescing window: a topic's presence changes
+	// reach its subscribers at most once per window, in one batch. The
+	// gateway flushes the registry every PresenceWindow/4. Zero means
+	// 100ms. With a Presence registry, set it to the registry's window.
+	PresenceWindow time.Duration
+
+	// PresenceLeaveGrace is how long a member must stay gone before
+	// subscribers are told it left; a rejoin inside it (a reload, a
+	// reconnect) is no leave/join flap. Zero means 1s, or PresenceWindow
+	// if longer. Ignored with a Presence registry.
+	PresenceLeaveGrace time.Duration
+
+	// PresenceMaxListed is how many members of a topic presence frames
+	// list; beyond it they carry the total as count. Zero means 1000.
+	// With a Presence registry, set it to the registry's limit.
+	PresenceMaxListed int
+
 	// Rand is the random source for drain slots and refusal jitter. The
 	// server serialises its use. Nil means a source seeded from
 	// crypto/rand.
@@ -241,6 +271,10 @@ func (c Config) withDefaults() (Config, error) {
 		c.AcceptBurst = max(1, int(c.AcceptRate+0.999999))
 	}
 	setDefault(&c.MaxSessions, 100000)
+	setDefault(&c.PresenceTTL, 30*time.Second)
+	setDefault(&c.PresenceWindow, 100*time.Millisecond)
+	setDefault(&c.PresenceLeaveGrace, max(time.Second, c.PresenceWindow))
+	setDefault(&c.PresenceMaxListed, 1000)
 	setDefault(&c.TokenGrace, 30*time.Second)
 	setDefault(&c.FrameRate, 1000)
 	if c.FrameBurst == 0 && c.FrameRate > 0 {
@@ -262,6 +296,10 @@ func (c Config) withDefaults() (Config, error) {
 		c.MaxSubscriptions < 0, c.ProducerWindow < 0, c.ProducerIdle < 0, c.MaxProducers < 0, c.LongPollTimeout < 0, c.MaxAppendBytes < 0, c.PaceCPU < 0 || c.PaceCPU > 1,
 		c.DrainGrace < 0, c.AcceptBurst < 0, c.TokenGrace < 0, c.FrameBurst < 0:
 		return c, fmt.Errorf("gateway: negative limit in config")
+	case c.PresenceTTL < 0, c.PresenceWindow < 0, c.PresenceLeaveGrace < 0, c.PresenceMaxListed < 0:
+		return c, fmt.Errorf("gateway: negative presence setting in config")
+	case c.Presence == nil && c.PresenceLeaveGrace < c.PresenceWindow:
+		return c, fmt.Errorf("gateway: PresenceLeaveGrace shorter than PresenceWindow")
 	case c.AdminToken != "" && len(c.AdminToken) < minAdminToken:
 		return c, fmt.Errorf("gateway: AdminToken must be at least %d bytes", minAdminToken)
 	case len(c.Persist) > 0 && c.Log == nil:

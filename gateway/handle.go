@@ -55,8 +55,7 @@ func (s *session) handleLine(ctx context.Context, line []byte) {
 	case *frames.Mutate:
 		s.handleFrameMutate(ctx, f)
 	case *frames.Presence:
-		s.sendError(frames.NewError(frames.CodeUnsupported, "presence:"+f.Topic, "presence is not available on this server yet",
-			"do not send presence frames to this server version"))
+		s.handleFramePresence(ctx, f)
 	default:
 		s.sendError(frames.NewError(frames.CodeUnexpectedFrame, "", "a client sent a "+string(f.FrameType())+" frame, which only the server sends",
 			"clients send hello, subscribe, mutate and presence"))
@@ -166,6 +165,7 @@ func (s *session) handleFrameSubscribe(ctx context.Context, f *frames.Subscribe)
 			return
 		}
 		delete(s.subs, f.SID)
+		s.srv.presence.unsubscribed(ctx, s, sub.topic) // the last one leaves the topic's presence
 		if err := s.srv.transport.Unsubscribe(ctx, sub.topic, sub); err != nil {
 			s.log().Warn("unsubscribe failed", "topic", sub.topic, "err", err)
 		}
@@ -229,6 +229,7 @@ func (s *session) addSub(sub *subscription) {
 		s.subs = map[string]*subscription{}
 	}
 	s.subs[sub.sid] = sub
+	s.srv.presence.subscribed(s, sub.topic)
 }
 
 // logError turns a failure of a persisted topic's log into the typed error

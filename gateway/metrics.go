@@ -65,6 +65,8 @@ type metrics struct {
 	tailers         prometheus.Gauge
 	resumes         map[string]prometheus.Counter
 	replayed        prometheus.Counter
+	presenceDiffs   prometheus.Counter // presence.go
+	presenceRejoins prometheus.Counter
 	tokenRefreshes  prometheus.Counter
 }
 
@@ -120,6 +122,12 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		tokenRefreshes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "syncgate_token_refreshes_total", Help: "Hellos that refreshed a live session's token. Refused tokens count in syncgate_error_acks_total by code.",
 		}),
+		presenceDiffs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "syncgate_presence_diffs_total", Help: "Presence diffs (one topic's coalesced changes over one window) fanned out to local subscribers, each encoded once.",
+		}),
+		presenceRejoins: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "syncgate_presence_rejoins_total", Help: "Presence members joined again by the refresh loop because their live session's hold had expired (a stall longer than the TTL).",
+		}),
 		drops:    map[string]prometheus.Counter{},
 		resumes:  map[string]prometheus.Counter{},
 		rejected: map[string]prometheus.Counter{},
@@ -162,6 +170,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	reg.MustRegister(m.sessions, m.accepted, rejected, m.draining, framesIn, framesOut, m.badFrames,
 		m.errorsByCode, m.bytesIn, m.bytesOut, m.messagesOut, drops, closes, m.deliveryLatency, m.publishes, m.writeDelay,
 		m.tailers, m.replayed, resumes, m.tokenRefreshes)
+	reg.MustRegister(m.presenceDiffs, m.presenceRejoins)
 	return m
 }
 

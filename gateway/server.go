@@ -39,6 +39,7 @@ type Server struct {
 	seq       *sequencer
 	pacer     *pacer
 	producers *producers
+	presence  *presenceHub
 	baseCtx   context.Context // parent of every session; cancelled last in Shutdown
 	cancel    context.CancelFunc
 	stopSweep chan struct{}
@@ -115,6 +116,13 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.metrics = newMetrics(reg)
 	s.pacer = newPacer(cfg, s.stopSweep, s.metrics.writeDelay)
+	preg := cfg.Presence
+	if preg == nil {
+		if preg, err = newPresenceRegistry(cfg); err != nil {
+			return nil, err
+		}
+	}
+	s.presence = newPresenceHub(s, preg)
 	s.baseCtx, s.cancel = context.WithCancel(context.Background())
 
 	mux := http.NewServeMux()
@@ -137,6 +145,7 @@ func New(cfg Config) (*Server, error) {
 
 	s.wg.Go(s.sweepLoop)
 	s.wg.Go(s.pacer.run)
+	s.wg.Go(func() { s.presence.run(s.stopSweep) })
 	return s, nil
 }
 

@@ -132,6 +132,8 @@ func (s *session) run() {
 		s.helloTimer.Stop()
 	}
 	s.closeWith(readErrorReason(err))
+	// Presence leaves at once, whatever the reason.
+	s.srv.presence.closed(s)
 	s.q.mu.Lock() // after closeWith no writer starts and the timer is not re-armed
 	s.pingTimer.Stop()
 	s.q.mu.Unlock()

@@ -186,6 +186,7 @@ func (s *session) writeLoop(ctx context.Context) {
 // finish ends the connection for reason: on shutdown and drain it first
 // delivers what is already queued (acks included).
 func (s *session) finish(ctx context.Context, r closeReason, items []outItem) {
+	s.srv.presence.release(s) // not after the handshake: a vanished peer makes it wait
 	if r.flushes() {
 		if err := s.writeBatch(context.Background(), items); err != nil {
 			r = reasonWriteError

@@ -1,0 +1,487 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/syncgate/syncgate/frames"
+	"github.com/syncgate/syncgate/gateway"
+	"github.com/syncgate/syncgate/internal/gwtest"
+	"github.com/syncgate/syncgate/presence"
+)
+
+// fastPresence is a presence configuration whose windows are short enough
+// for tests to wait on.
+func fastPresence(cfg gateway.Config) gateway.Config {
+	cfg.PresenceWindow = 20 * time.Millisecond
+	cfg.PresenceLeaveGrace = 60 * time.Millisecond
+	return cfg
+}
+
+// presenceView is one client's picture of a topic's presence, built from
+// the presence frames it reads.
+type presenceView struct {
+	t       *testing.T
+	c       *gwtest.Conn
+	topic   string
+	members map[string]frames.Member
+	count   int64
+	frames  int      // presence frames applied
+	events  []string // "join:id", "update:id", "leave:id" in arrival order
+}
+
+func newPresenceView(t *testing.T, c *gwtest.Conn, topic string) *presenceView {
+	return &presenceView{t: t, c: c, topic: topic, members: map[string]frames.Member{}}
+}
+
+func (v *presenceView) apply(p *frames.Presence) {
+	v.frames++
+	v.count = p.Count
+	if p.Op == frames.PresenceSync {
+		clear(v.members)
+	}
+	for _, m := range p.Members {
+		if p.Op != frames.PresenceSync {
+			v.events = append(v.events, p.Op+":"+m.ID)
+		}
+		if p.Op == frames.PresenceLeave {
+			delete(v.members, m.ID)
+		} else {
+			v.members[m.ID] = m
+		}
+	}
+}
+
+// until applies presence frames of the topic until cond holds; other
+// frames are skipped.
+func (v *presenceView) until(what string, cond func() bool) {
+	v.t.Helper()
+	deadline := time.Now().Add(gwtest.Timeout)
+	for !cond() {
+		f, err := v.c.NextErr(time.Until(deadline))
+		if err != nil {
+			v.t.Fatalf("waiting for %s: %v (members %v, events %v)", what, err, v.ids(), v.events)
+		}
+		if p, ok := f.(*frames.Presence); ok && p.Topic == v.topic {
+			v.apply(p)
+		}
+	}
+}
+
+func (v *presenceView) has(id string) bool { _, ok := v.members[id]; return ok }
+
+// total is the number of members present: the count when the list is
+// capped, else the list's length.
+func (v *presenceView) total() int {
+	if v.count > 0 {
+		return int(v.count)
+	}
+	return len(v.members)
+}
+
+// subscribe adds a topic subscription on a connection that may have other
+// frames in flight.
+func subscribe(c *gwtest.Conn, sid, topic string) {
+	c.Send(&frames.Subscribe{Op: frames.OpAdd, SID: sid, Target: frames.Target{Kind: frames.TargetTopic, Topic: topic}})
+	c.AwaitAck(sid)
+	for {
+		if _, ok := c.Next().(*frames.Snapshot); ok {
+			return
+		}
+	}
+}
+
+func (v *presenceView) ids() []string {
+	var ids []string
+	for id := range v.members {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+func sendPresence(c *gwtest.Conn, topic, op, meta string, updatedAt int64) {
+	c.Send(&frames.Presence{Topic: topic, Op: op, Members: []frames.Member{{Meta: json.RawMessage(meta), UpdatedAt: updatedAt}}})
+}
+
+// join sends a presence join and returns the sync that follows its ack.
+func join(t *testing.T, c *gwtest.Conn, topic, meta string) *frames.Presence {
+	t.Helper()
+	sendPresence(c, topic, frames.PresenceJoin, meta, 0)
+	if ack := c.AwaitAck("presence:" + topic); ack.Error != nil {
+		t.Fatalf("join %s: %+v", topic, ack.Error)
+	}
+	for { // diffs read past while waiting for the ack come first
+		if p, ok := c.Next().(*frames.Presence); ok && p.Op == frames.PresenceSync && p.Topic == topic {
+			return p
+		}
+	}
+}
+
+// presenceAck sends a presence frame and returns its ack's error code ("" if none).
+func presenceAck(c *gwtest.Conn, topic, op, meta string, updatedAt int64) frames.Code {
+	sendPresence(c, topic, op, meta, updatedAt)
+	if ack := c.AwaitAck("presence:" + topic); ack.Error != nil {
+		return ack.Error.Code
+	}
+	return ""
+}
+
+func memberIDs(ms []frames.Member) string {
+	ids := make([]string, len(ms))
+	for i, m := range ms {
+		ids[i] = m.ID
+	}
+	return strings.Join(ids, ",")
+}
+
+func TestPresence_JoinUpdateLeave(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, fastPresence(gateway.Config{}))
+	a := gwtest.Dial(t, srv.url, nil)
+	b := gwtest.Dial(t, srv.url, nil)
+	a.Hello("tab-a", 0)
+	hb := b.Hello("", 0) // no clientId: the member id is the session id
+	a.Subscribe("s1", "room")
+	b.Subscribe("s1", "room")
+
+	sync := join(t, a, "room", `{"n":"Ada"}`)
+	if memberIDs(sync.Members) != "tab-a" || sync.Members[0].ActorID != nil || string(sync.Members[0].Meta) != `{"n":"Ada"}` || sync.Count != 0 {
+		t.Fatalf("a's sync = %+v", sync)
+	}
+	bid := *hb.SessionID
+	sync = join(t, b, "room", `{"n":"Bob"}`)
+	if want := strings.Join([]string{"tab-a", bid}, ","); memberIDs(sync.Members) != want && memberIDs(sync.Members) != bid+",tab-a" {
+		t.Fatalf("b's sync lists %s, want tab-a and %s", memberIDs(sync.Members), bid)
+	}
+
+	va := newPresenceView(t, a, "room")
+	va.until("b's join", func() bool { return va.has(bid) })
+	if code := presenceAck(b, "room", frames.PresenceUpdate, `{"n":"Bob","typing":true}`, 0); code != "" {
+		t.Fatalf("update: %s", code)
+	}
+	va.until("b's update", func() bool { return string(va.members[bid].Meta) == `{"n":"Bob","typing":true}` })
+	if code := presenceAck(b, "room", frames.PresenceLeave, `null`, 0); code != "" {
+		t.Fatalf("leave: %s", code)
+	}
+	va.until("b's leave", func() bool { return !va.has(bid) })
+
+	// Dropping the subscription leaves the topic's presence.
+	vb := newPresenceView(t, b, "room")
+	b.Send(&frames.Subscribe{Op: frames.OpDrop, SID: "s1", Target: frames.Target{Kind: frames.TargetTopic, Topic: "room"}})
+	b.AwaitAck("s1")
+	subscribe(b, "s2", "room")
+	vb.members["tab-a"] = frames.Member{ID: "tab-a"}
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("tab-c", 0)
+	c.Subscribe("s1", "room")
+	a.Send(&frames.Subscribe{Op: frames.OpDrop, SID: "s1", Target: frames.Target{Kind: frames.TargetTopic, Topic: "room"}})
+	a.AwaitAck("s1")
+	vb.until("a's leave after its drop", func() bool { return !vb.has("tab-a") })
+	if sync := join(t, c, "room", `null`); memberIDs(sync.Members) != "tab-c" {
+		t.Fatalf("c's sync lists %s, want only itself", memberIDs(sync.Members))
+	}
+}
+
+func TestPresence_Errors(t *testing.T) {
+	t.Parallel()
+	reg, err := presence.NewMemoryRegistry(presence.Config{MaxMetaBytes: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newTestServer(t, gateway.Config{Presence: reg})
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("taken", 0)
+	for _, tt := range []struct {
+		name, op, meta string
+		want           frames.Code
+	}{
+		{"join unsubscribed", frames.PresenceJoin, `null`, frames.CodePresenceNotSubscribed},
+		{"update unsubscribed", frames.PresenceUpdate, `null`, frames.CodePresenceNotSubscribed},
+		{"leave unsubscribed", frames.PresenceLeave, `null`, ""}, // not holding is not an error
+	} {
+		if got := presenceAck(c, "room", tt.op, tt.meta, 0); got != tt.want {
+			t.Errorf("%s: code %q, want %q", tt.name, got, tt.want)
+		}
+	}
+	c.Subscribe("s1", "room")
+	if got := presenceAck(c, "room", frames.PresenceUpdate, `null`, 0); got != frames.CodePresenceNotJoined {
+		t.Errorf("update before join: %q", got)
+	}
+	if got := presenceAck(c, "room", frames.PresenceJoin, `"`+strings.Repeat("x", 40)+`"`, 0); got != frames.CodeMetaTooLarge {
+		t.Errorf("large meta: %q", got)
+	}
+	if got := presenceAck(c, "room", frames.PresenceSync, `null`, 0); got != frames.CodeBadField {
+		t.Errorf("client sync: %q", got)
+	}
+	c.Send(&frames.Presence{Topic: "room", Op: frames.PresenceJoin, Members: []frames.Member{}})
+	if ack := c.AwaitAck("presence:room"); ack.Error == nil || ack.Error.Code != frames.CodeBadField {
+		t.Errorf("join without a member: %+v", ack)
+	}
+	c.Send(&frames.Presence{Topic: "bad topic", Op: frames.PresenceJoin, Members: []frames.Member{{Meta: json.RawMessage(`null`)}}})
+	if ack := c.AwaitAck("presence:bad topic"); ack.Error == nil || ack.Error.Code != frames.CodeBadTopic {
+		t.Errorf("bad topic: %+v", ack)
+	}
+	// Another actor (a session elsewhere, seen through the shared
+	// registry) holds the id "taken" in room2.
+	actor := "user-1"
+	if _, err := reg.Join(context.Background(), "room2", "elsewhere", presence.Member{ID: "taken", ActorID: &actor}); err != nil {
+		t.Fatal(err)
+	}
+	c.Subscribe("s2", "room2")
+	if got := presenceAck(c, "room2", frames.PresenceJoin, `null`, 0); got != frames.CodePresenceConflict {
+		t.Errorf("id held by another actor: %q", got)
+	}
+}
+
+// TestPresence_Count: beyond PresenceMaxListed members, frames carry the
+// total as count.
+func TestPresence_Count(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, fastPresence(gateway.Config{PresenceMaxListed: 1}))
+	a := gwtest.Dial(t, srv.url, nil)
+	b := gwtest.Dial(t, srv.url, nil)
+	a.Hello("a", 0)
+	b.Hello("b", 0)
+	a.Subscribe("s", "room")
+	b.Subscribe("s", "room")
+	if sync := join(t, a, "room", `null`); sync.Count != 0 {
+		t.Fatalf("a's sync count = %d, want none (not capped)", sync.Count)
+	}
+	if sync := join(t, b, "room", `null`); sync.Count != 2 || memberIDs(sync.Members) != "a,b" {
+		t.Fatalf("b's sync = %+v, want a (listed), b (itself), count 2", sync)
+	}
+	va := newPresenceView(t, a, "room")
+	va.until("count 2", func() bool { return va.count == 2 })
+	if va.has("b") {
+		t.Fatalf("b is listed to a beyond the limit: %v", va.events)
+	}
+	if code := presenceAck(b, "room", frames.PresenceLeave, `null`, 0); code != "" {
+		t.Fatal(code)
+	}
+	va.until("the count dropped", func() bool { return va.count == 0 })
+}
+
+// TestPresence_LastWriteWins sends two updates out of order (the newer
+// updatedAt first): the member keeps the newer state, on the wire and in
+// a later joiner's sync.
+func TestPresence_LastWriteWins(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, fastPresence(gateway.Config{}))
+	a := gwtest.Dial(t, srv.url, nil)
+	b := gwtest.Dial(t, srv.url, nil)
+	a.Hello("a", 0)
+	b.Hello("b", 0)
+	a.Subscribe("s", "room")
+	b.Subscribe("s", "room")
+	base := time.Now().Add(-10 * time.Second).UnixMilli()
+	sendPresence(a, "room", frames.PresenceJoin, `{"v":0}`, base)
+	a.AwaitAck("presence:room")
+	join(t, b, "room", `null`)
+	if code := presenceAck(a, "room", frames.PresenceUpdate, `{"v":2}`, base+2000); code != "" {
+		t.Fatal(code)
+	}
+	if code := presenceAck(a, "room", frames.PresenceUpdate, `{"v":1}`, base+1000); code != "" {
+		t.Fatal(code) // a lost write is dropped, not refused
+	}
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("c", 0)
+	c.Subscribe("s", "room")
+	sync := join(t, c, "room", `null`)
+	for _, m := range sync.Members {
+		if m.ID == "a" && (string(m.Meta) != `{"v":2}` || m.UpdatedAt != base+2000) {
+			t.Fatalf("c's sync has a = %+v, want v 2", m)
+		}
+	}
+	vb := newPresenceView(t, b, "room")
+	vb.until("c's join", func() bool { return vb.has("c") })
+	if got := string(vb.members["a"].Meta); got != `{"v":2}` {
+		t.Fatalf("b sees a = %s after c joined, want {\"v\":2}; events %v", got, vb.events)
+	}
+}
+
+// TestPresence_TTL: a member whose holder vanished (a crashed node, seen
+// through a shared registry) expires after the TTL; a live session's
+// member, refreshed by the gateway at TTL/3, does not.
+func TestPresence_TTL(t *testing.T) {
+	t.Parallel()
+	const ttl = 300 * time.Millisecond
+	reg, err := presence.NewMemoryRegistry(presence.Config{TTL: ttl, Window: 20 * time.Millisecond, LeaveGrace: 40 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newTestServer(t, gateway.Config{Presence: reg, PresenceTTL: ttl, PresenceWindow: 20 * time.Millisecond})
+	a := gwtest.Dial(t, srv.url, nil)
+	a.Hello("live", 0)
+	a.Subscribe("s", "room")
+	join(t, a, "room", `null`)
+	joined := time.Now()
+	if _, err := reg.Join(context.Background(), "room", "crashed-node-session", presence.Member{ID: "ghost"}); err != nil {
+		t.Fatal(err)
+	}
+	va := newPresenceView(t, a, "room")
+	va.until("the ghost's join", func() bool { return va.has("ghost") })
+	va.until("the ghost's expiry", func() bool { return !va.has("ghost") })
+	if since := time.Since(joined); since < ttl {
+		t.Fatalf("ghost left %v after joining, before the TTL", since)
+	}
+	b := gwtest.Dial(t, srv.url, nil)
+	b.Hello("", 0)
+	b.Subscribe("s", "room")
+	if sync := join(t, b, "room", `null`); !strings.Contains(memberIDs(sync.Members), "live") {
+		t.Fatalf("live member expired: sync lists %s", memberIDs(sync.Members))
+	}
+}
+
+// TestPresence_CutConnection: a client whose TCP connection dies without a
+// close frame leaves within the ping timeout.
+func TestPresence_CutConnection(t *testing.T) {
+	t.Parallel()
+	cfg := fastPresence(gateway.Config{PingInterval: 100 * time.Millisecond, PongTimeout: 100 * time.Millisecond})
+	srv := newTestServer(t, cfg)
+	o := gwtest.Dial(t, srv.url, nil)
+	o.Hello("observer", 0)
+	o.Subscribe("s", "room")
+	join(t, o, "room", `null`)
+	vo := newPresenceView(t, o, "room")
+	limit := cfg.PingInterval*2 + cfg.PongTimeout + cfg.PresenceLeaveGrace + time.Second // slack for -race
+
+	t.Run("closed socket", func(t *testing.T) {
+		var raw net.Conn
+		hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			raw = c
+			return c, err
+		}}}
+		ctx, cancel := context.WithTimeout(context.Background(), gwtest.Timeout)
+		defer cancel()
+		c, _, err := websocket.Dial(ctx, srv.url, &websocket.DialOptions{HTTPClient: hc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.CloseNow()
+		for _, f := range []frames.Frame{
+			&frames.Hello{Resume: []frames.Cursor{}, ClientID: "cut"},
+			&frames.Subscribe{Op: frames.OpAdd, SID: "s", Target: frames.Target{Kind: frames.TargetTopic, Topic: "room"}},
+			&frames.Presence{Topic: "room", Op: frames.PresenceJoin, Members: []frames.Member{{Meta: json.RawMessage(`null`)}}},
+		} {
+			b, _ := frames.Encode(f)
+			if err := c.Write(ctx, websocket.MessageText, b); err != nil {
+				t.Fatal(err)
+			}
+		}
+		vo.until("cut's join", func() bool { return vo.has("cut") })
+		cut := time.Now()
+		_ = raw.Close() // no close frame
+		vo.until("cut's leave", func() bool { return !vo.has("cut") })
+		if d := time.Since(cut); d > limit {
+			t.Fatalf("left %v after the cut, want within %v", d, limit)
+		}
+	})
+	t.Run("silent peer", func(t *testing.T) {
+		// A peer that vanished without a FIN (a cut cable, a suspended
+		// laptop): it answers nothing, not even pings.
+		s := gwtest.Dial(t, srv.url, nil)
+		s.Hello("silent", 0)
+		s.Subscribe("s", "room")
+		join(t, s, "room", `null`)
+		vo.until("silent's join", func() bool { return vo.has("silent") })
+		cut := time.Now() // s is never read again, so it answers no ping
+		vo.until("silent's leave", func() bool { return !vo.has("silent") })
+		if d := time.Since(cut); d > limit {
+			t.Fatalf("left %v after going silent, want within %v", d, limit)
+		}
+	})
+}
+
+// TestPresence_MassReconnect: every member's session closes and a new one
+// with the same clientId joins again, all within a short spread. An observer
+// sees no leave or join for them and only a handful of presence frames.
+func TestPresence_MassReconnect(t *testing.T) {
+	n := massReconnectMembers
+	// Every member listed (the default lists 1,000), so the probe's leave
+	// is reported after the leave grace like a member's would be.
+	srv := newTestServer(t, gateway.Config{AcceptRate: -1, PresenceMaxListed: 2 * n})
+	o := gwtest.Dial(t, srv.url, nil)
+	o.Hello("observer", 0)
+	o.Subscribe("s", "room")
+	join(t, o, "room", `null`)
+	vo := newPresenceView(t, o, "room")
+
+	connect := func(i int) *gwtest.Conn {
+		c := gwtest.Dial(t, srv.url, nil)
+		c.Hello(fmt.Sprintf("m-%04d", i), 0)
+		c.Subscribe("s", "room")
+		join(t, c, "room", fmt.Sprintf(`{"i":%d}`, i))
+		return c
+	}
+	conns := make([]*gwtest.Conn, n)
+	parallel(n, func(i int) { conns[i] = connect(i) })
+	vo.until("every member's join", func() bool { return vo.total() == n+1 })
+	probe := gwtest.Dial(t, srv.url, nil)
+	probe.Hello("probe", 0)
+	probe.Subscribe("s", "room")
+	join(t, probe, "room", `null`)
+	vo.until("the probe's join", func() bool { return vo.total() == n+2 })
+
+	framesBefore, eventsBefore := vo.frames, len(vo.events)
+	start := time.Now()
+	var gapMu sync.Mutex
+	var maxGap time.Duration
+	parallel(n, func(i int) {
+		left := time.Now()
+		_ = conns[i].C.Close(websocket.StatusGoingAway, "")
+		conns[i] = connect(i)
+		gapMu.Lock()
+		maxGap = max(maxGap, time.Since(left))
+		gapMu.Unlock()
+	})
+	spread := time.Since(start)
+	// The probe leaves after every member came back: a leave of any of
+	// them would be due no later than the probe's, so once the probe's
+	// leave arrives, any flap would have been seen.
+	if code := presenceAck(probe, "room", frames.PresenceLeave, `null`, 0); code != "" {
+		t.Fatal(code)
+	}
+	vo.until("the probe's leave", func() bool { return vo.total() == n+1 })
+	events := vo.events[eventsBefore:]
+	for _, e := range events {
+		if strings.HasPrefix(e, "leave:m-") || strings.HasPrefix(e, "join:m-") {
+			t.Fatalf("flap: %s (events %v)", e, events)
+		}
+	}
+	got := vo.frames - framesBefore
+	t.Logf("%d members reconnected over %v (longest gap %v): the observer got %d presence frames: %v", n, spread, maxGap, got, events)
+	if got > 5 {
+		t.Fatalf("observer got %d presence frames for the reconnect, want a handful", got)
+	}
+	if vo.total() != n+1 {
+		t.Fatalf("observer counts %d members, want %d", vo.total(), n+1)
+	}
+}
+
+// parallel runs fn(0..n-1) on up to 32 goroutines and waits.
+func parallel(n int, fn func(i int)) {
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range min(n, 32) {
+		wg.Go(func() {
+			for i := range next {
+				fn(i)
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+}
