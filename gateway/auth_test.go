@@ -1,0 +1,402 @@
+package gateway_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/syncgate/syncgate/auth"
+	"github.com/syncgate/syncgate/frames"
+	"github.com/syncgate/syncgate/gateway"
+	"github.com/syncgate/syncgate/internal/gwtest"
+)
+
+var testSecret = []byte("0123456789abcdef0123456789abcdef-gateway-test")
+
+var testRSA = sync.OnceValue(func() *rsa.PrivateKey {
+	k, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		panic(err)
+	}
+	return k
+})
+
+func rsaPEM(t testing.TB) []byte {
+	der, err := x509.MarshalPKIXPublicKey(&testRSA().PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der})
+}
+
+// syncBuffer is a log sink safe for the gateway's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// authServer is a gateway with an HS256 secret and an RSA key, its clock
+// now, logging everything at debug level into logs.
+type authServer struct {
+	*testServer
+	now  func() time.Time
+	logs *syncBuffer
+}
+
+func newAuthServer(t *testing.T, cfg gateway.Config, now func() time.Time, opts auth.Config) *authServer {
+	t.Helper()
+	if now == nil {
+		now = time.Now
+	}
+	opts.Secret, opts.Keys, opts.Now = testSecret, rsaPEM(t), now
+	v, err := auth.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	cfg.Verifier, cfg.Now = v, now
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	return &authServer{testServer: newTestServer(t, cfg), now: now, logs: logs}
+}
+
+// claims returns claims for sub expiring in d (on the server's clock)
+// with the given grants.
+func (a *authServer) claims(sub string, d time.Duration, topics auth.TopicClaims) auth.Claims {
+	return auth.Claims{
+		RegisteredClaims: jwt.RegisteredClaims{Subject: sub, ExpiresAt: jwt.NewNumericDate(a.now().Add(d))},
+		Topics:           topics,
+	}
+}
+
+func sign(t testing.TB, method jwt.SigningMethod, key any, c jwt.Claims) string {
+	t.Helper()
+	s, err := jwt.NewWithClaims(method, c).SignedString(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+var all = auth.TopicClaims{Subscribe: []string{"**"}, Publish: []string{"**"}, Presence: []string{"**"}}
+
+// hello sends a hello with token and returns the server's hello or the
+// error ack.
+func helloWith(c *gwtest.Conn, token string) (*frames.Hello, *frames.Ack) {
+	c.Send(&frames.Hello{Resume: []frames.Cursor{}, Token: token})
+	switch f := c.Next().(type) {
+	case *frames.Hello:
+		return f, nil
+	case *frames.Ack:
+		return nil, f
+	default:
+		panic(fmt.Sprintf("unexpected %T", f))
+	}
+}
+
+func TestAuth_HelloTokenTable(t *testing.T) {
+	t.Parallel()
+	a := newAuthServer(t, gateway.Config{}, nil, auth.Config{Audience: "syncgate", Issuer: "https://id.example", Leeway: -1})
+	good := func() auth.Claims {
+		c := a.claims("u1", time.Hour, all)
+		c.Audience, c.Issuer = jwt.ClaimStrings{"syncgate"}, "https://id.example"
+		return c
+	}
+	with := func(f func(*auth.Claims)) auth.Claims { c := good(); f(&c); return c }
+	valid := sign(t, jwt.SigningMethodHS256, testSecret, good())
+	tampered := valid[:len(valid)-4] + "AAAA"
+	if tampered == valid {
+		tampered = valid[:len(valid)-4] + "BBBB"
+	}
+	parts := strings.Split(valid, ".")
+	none := strings.Join([]string{"eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0", parts[1], ""}, ".")
+	tokens := []struct {
+		name  string
+		token string
+		code  frames.Code // "" = accepted
+	}{
+		{"valid HS256", valid, ""},
+		{"valid RS256", sign(t, jwt.SigningMethodRS256, testRSA(), good()), ""},
+		{"no token", "", frames.CodeTokenRequired},
+		{"expired", sign(t, jwt.SigningMethodHS256, testSecret, with(func(c *auth.Claims) {
+			c.ExpiresAt = jwt.NewNumericDate(time.Now().Add(-time.Minute))
+		})), frames.CodeTokenExpired},
+		{"nbf in the future", sign(t, jwt.SigningMethodHS256, testSecret, with(func(c *auth.Claims) {
+			c.NotBefore = jwt.NewNumericDate(time.Now().Add(time.Minute))
+		})), frames.CodeTokenNotYetValid},
+		{"alg none", none, frames.CodeTokenRejected},
+		{"HS256 signed with the RSA public key", sign(t, jwt.SigningMethodHS256, rsaPEM(t), good()), frames.CodeTokenRejected},
+		{"wrong aud", sign(t, jwt.SigningMethodHS256, testSecret, with(func(c *auth.Claims) { c.Audience = jwt.ClaimStrings{"other"} })), frames.CodeTokenRejected},
+		{"wrong iss", sign(t, jwt.SigningMethodHS256, testSecret, with(func(c *auth.Claims) { c.Issuer = "https://evil.example" })), frames.CodeTokenRejected},
+		{"tampered signature", tampered, frames.CodeTokenRejected},
+		{"missing exp", sign(t, jwt.SigningMethodHS256, testSecret, with(func(c *auth.Claims) { c.ExpiresAt = nil })), frames.CodeBadToken},
+		{"bad pattern", sign(t, jwt.SigningMethodHS256, testSecret, with(func(c *auth.Claims) { c.Topics.Subscribe = []string{"room-*"} })), frames.CodeBadToken},
+		{"oversized", strings.Repeat("a", 9000), frames.CodeBadToken},
+		{"garbage", "not.a.token", frames.CodeBadToken},
+	}
+	for _, tc := range tokens {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := gwtest.Dial(t, a.url, nil)
+			h, ack := helloWith(c, tc.token)
+			if tc.code == "" {
+				if h == nil || h.ActorID == nil || *h.ActorID != "u1" {
+					t.Fatalf("hello = %+v, ack %+v", h, ack)
+				}
+				return
+			}
+			if ack == nil || ack.Error == nil || ack.Error.Code != tc.code {
+				t.Fatalf("want %s, got hello %+v ack %+v", tc.code, h, ack)
+			}
+			if tc.token != "" && strings.Contains(ack.Error.Cause, tc.token) {
+				t.Fatal("the cause contains the token")
+			}
+			c.ExpectClose(websocket.StatusPolicyViolation)
+		})
+	}
+	t.Cleanup(func() {
+		// Subtests have ended: the log holds every refusal.
+		logs := a.logs.String()
+		if !strings.Contains(logs, "token refused") {
+			t.Errorf("refusals not logged:\n%s", logs)
+		}
+		for _, tc := range tokens {
+			if sig := tc.token[strings.LastIndexByte(tc.token, '.')+1:]; len(sig) > 8 && strings.Contains(logs, sig) {
+				t.Errorf("%s: the token appears in the logs", tc.name)
+			}
+		}
+	})
+}
+
+func TestAuth_ForbiddenAttemptsDeliverNothing(t *testing.T) {
+	t.Parallel()
+	a := newAuthServer(t, gateway.Config{FrameRate: -1}, nil, auth.Config{})
+	watcher := gwtest.Dial(t, a.url, nil)
+	if h, ack := helloWith(watcher, sign(t, jwt.SigningMethodHS256, testSecret, a.claims("watcher", time.Hour, all))); h == nil {
+		t.Fatalf("watcher refused: %+v", ack.Error)
+	}
+	for i, topic := range []string{"secret:1", "room:43", "room:42"} {
+		watcher.Subscribe(fmt.Sprintf("w%d", i), topic)
+	}
+	attacker := gwtest.Dial(t, a.url, nil)
+	grants := auth.TopicClaims{Subscribe: []string{"room:*"}, Publish: []string{"room:42"}}
+	if h, _ := helloWith(attacker, sign(t, jwt.SigningMethodHS256, testSecret, a.claims("attacker", time.Hour, grants))); h == nil || *h.ActorID != "attacker" {
+		t.Fatalf("attacker hello = %+v", h)
+	}
+	const n = 1000
+	seq := int64(0)
+	for i := range n {
+		switch i % 3 {
+		case 0:
+			attacker.Send(&frames.Subscribe{Op: frames.OpAdd, SID: fmt.Sprintf("s%d", i),
+				Target: frames.Target{Kind: frames.TargetTopic, Topic: fmt.Sprintf("secret:%d", i)}})
+		case 1:
+			attacker.Send(&frames.Mutate{Key: fmt.Sprintf("k%d", i), Seq: seq, Name: "publish", Input: []byte(`{"topic":"secret:1","data":1}`)})
+			seq++
+		case 2:
+			attacker.Send(&frames.Mutate{Key: fmt.Sprintf("k%d", i), Seq: seq, Name: "publish", Input: []byte(`{"topic":"room:43","data":1}`)})
+			seq++
+		}
+	}
+	for i := range n {
+		ack := gwtest.Expect[*frames.Ack](attacker)
+		if ack.Error == nil || ack.Error.Code != frames.CodeForbidden {
+			t.Fatalf("attempt %d: ack %+v %+v", i, ack, ack.Error)
+		}
+	}
+	// A granted publish as a marker: it is the first and only thing the
+	// watcher sees, with the attacker's actorId.
+	if ack := attacker.Publish("marker", seq, "room:42", `"marker"`); ack.Error != nil {
+		t.Fatalf("granted publish refused: %+v", ack.Error)
+	}
+	p := gwtest.Expect[*frames.Patch](watcher)
+	if p.SID != "w2" || !strings.Contains(string(p.Patches[0].Row), `"actorId":"attacker"`) {
+		t.Fatalf("watcher got %+v %s", p, p.Patches[0].Row)
+	}
+}
+
+// expiringClock returns a clock that runs with real time but reads exp-lead
+// now, so a token with a whole-second exp expires after lead.
+func expiringClock(lead time.Duration) (now func() time.Time, exp time.Time) {
+	exp = time.Unix(time.Now().Unix()+3600, 0)
+	off := exp.Add(-lead).Sub(time.Now())
+	return func() time.Time { return time.Now().Add(off) }, exp
+}
+
+func TestAuth_ExpiryRefreshAndGrace(t *testing.T) {
+	t.Parallel()
+	now, exp := expiringClock(400 * time.Millisecond)
+	a := newAuthServer(t, gateway.Config{TokenGrace: 600 * time.Millisecond}, now, auth.Config{Leeway: -1})
+	token := func(sub string, e time.Time) string {
+		c := a.claims(sub, 0, all)
+		c.ExpiresAt = jwt.NewNumericDate(e)
+		return sign(t, jwt.SigningMethodHS256, testSecret, c)
+	}
+	pub := gwtest.Dial(t, a.url, nil)
+	helloWith(pub, token("pub", exp.Add(time.Hour)))
+	open := func(sub string) *gwtest.Conn {
+		c := gwtest.Dial(t, a.url, nil)
+		if h, ack := helloWith(c, token(sub, exp)); h == nil {
+			t.Fatalf("%s refused: %+v", sub, ack.Error)
+		}
+		c.Subscribe("s", "room:1")
+		return c
+	}
+	refreshed, stale, other := open("u1"), open("u2"), open("u3")
+	expiredNotice := func(c *gwtest.Conn) {
+		t.Helper()
+		ack := gwtest.Expect[*frames.Ack](c)
+		if ack.Error == nil || ack.Error.Code != frames.CodeTokenExpired {
+			t.Fatalf("want X_TOKEN_EXPIRED, got %+v", ack)
+		}
+	}
+	for _, c := range []*gwtest.Conn{refreshed, stale, other} {
+		expiredNotice(c)
+	}
+	// In the grace period grants are void...
+	stale.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "s2", Target: frames.Target{Kind: frames.TargetTopic, Topic: "room:2"}})
+	if ack := gwtest.Expect[*frames.Ack](stale); ack.Error == nil || ack.Error.Code != frames.CodeTokenExpired || ack.Ref != "s2" {
+		t.Fatalf("subscribe in grace: %+v", ack)
+	}
+	// ...a refresh restores them; another sub is refused.
+	if h, ack := helloWith(refreshed, token("u1", exp.Add(time.Hour))); h == nil || *h.ActorID != "u1" {
+		t.Fatalf("refresh refused: %+v", ack)
+	}
+	if _, ack := helloWith(other, token("someone-else", exp.Add(time.Hour))); ack == nil || ack.Error.Code != frames.CodeTokenRejected {
+		t.Fatalf("refresh with another sub: %+v", ack)
+	}
+	other.ExpectClose(websocket.StatusPolicyViolation)
+	stale.ExpectClose(websocket.StatusPolicyViolation) // at expiry + grace
+	// After the grace: the refreshed session still receives and publishes.
+	if ack := pub.Publish("k1", 0, "room:1", `"after"`); ack.Error != nil {
+		t.Fatal(ack.Error)
+	}
+	if p := gwtest.Expect[*frames.Patch](refreshed); !strings.Contains(string(p.Patches[0].Row), `"after"`) {
+		t.Fatalf("refreshed got %s", p.Patches[0].Row)
+	}
+	if ack := refreshed.Publish("k2", 0, "room:1", `"mine"`); ack.Error != nil {
+		t.Fatal(ack.Error)
+	}
+}
+
+func TestAuth_SessionsPerActor(t *testing.T) {
+	t.Parallel()
+	a := newAuthServer(t, gateway.Config{MaxSessionsPerActor: 1}, nil, auth.Config{})
+	tok := sign(t, jwt.SigningMethodHS256, testSecret, a.claims("u1", time.Hour, all))
+	first := gwtest.Dial(t, a.url, nil)
+	if h, _ := helloWith(first, tok); h == nil {
+		t.Fatal("first session refused")
+	}
+	second := gwtest.Dial(t, a.url, nil)
+	if _, ack := helloWith(second, tok); ack == nil || ack.Error.Code != frames.CodeTooManySessions {
+		t.Fatalf("second session: %+v", ack)
+	}
+	second.ExpectClose(websocket.StatusPolicyViolation)
+	first.Close()
+	gwtest.Eventually(t, gwtest.Timeout, "the actor's slot is freed", func() bool {
+		c := gwtest.Dial(t, a.url, nil)
+		h, _ := helloWith(c, tok)
+		return h != nil
+	})
+}
+
+func TestGateway_AnonymousNeedsLoopbackHost(t *testing.T) {
+	t.Parallel()
+	for _, insecure := range []bool{false, true} {
+		srv := newTestServer(t, gateway.Config{Insecure: insecure})
+		for host, loop := range map[string]bool{"": true, "localhost:1": true, "127.0.0.1:8080": true, "[::1]:80": true,
+			"app.localhost": true, "evil.example": false, "evil.example:8080": false, "10.0.0.1": false} {
+			req, _ := http.NewRequest("GET", srv.ts.URL+"/healthz", nil)
+			req.Host = host
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = resp.Body.Close()
+			want := http.StatusOK
+			if !loop && !insecure {
+				want = http.StatusMisdirectedRequest
+			}
+			if resp.StatusCode != want {
+				t.Errorf("insecure=%v host %q: %d, want %d", insecure, host, resp.StatusCode, want)
+			}
+		}
+	}
+}
+
+// FuzzHelloToken sends arbitrary tokens through the gateway's hello path:
+// each gets a hello (never, for random input) or a typed error ack and a
+// close, never a crash or another code.
+func FuzzHelloToken(f *testing.F) {
+	v, err := auth.New(auth.Config{Secret: testSecret})
+	if err != nil {
+		f.Fatal(err)
+	}
+	srv := newTestServer(f, gateway.Config{Verifier: v, FrameRate: -1, MaxSessionsPerActor: -1})
+	f.Add("")
+	f.Add("a.b.c")
+	f.Add("eyJhbGciOiJub25lIn0.e30.")
+	f.Add(sign(f, jwt.SigningMethodHS256, testSecret, auth.Claims{RegisteredClaims: jwt.RegisteredClaims{Subject: "u", ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))}}))
+	codes := map[frames.Code]bool{frames.CodeTokenRequired: true, frames.CodeTokenExpired: true, frames.CodeTokenNotYetValid: true,
+		frames.CodeBadToken: true, frames.CodeTokenRejected: true, frames.CodeBadField: true, frames.CodeBadFrame: true}
+	f.Fuzz(func(t *testing.T, token string) {
+		ctx, cancel := context.WithTimeout(context.Background(), gwtest.Timeout)
+		defer cancel()
+		c, _, err := websocket.Dial(ctx, srv.url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.CloseNow()
+		b, err := frames.Encode(&frames.Hello{Resume: []frames.Cursor{}, Token: token})
+		if err != nil {
+			return
+		}
+		if err := c.Write(ctx, websocket.MessageText, b); err != nil {
+			t.Fatal(err)
+		}
+		_, msg, err := c.Read(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fr, err := frames.Decode(bytes.TrimSpace(msg))
+		if err != nil {
+			t.Fatalf("server sent %q: %v", msg, err)
+		}
+		switch fr := fr.(type) {
+		case *frames.Hello:
+		case *frames.Ack:
+			if fr.Error == nil || !codes[fr.Error.Code] {
+				t.Fatalf("ack %+v", fr.Error)
+			}
+			if len(token) > 8 && strings.Contains(fr.Error.Cause, token) {
+				t.Fatal("cause contains the token")
+			}
+		default:
+			t.Fatalf("got %T", fr)
+		}
+	})
+}
