@@ -148,6 +148,12 @@ var settings = []setting{
 		}},
 	{"max-subscriptions", "SYNCGATE_MAX_SUBSCRIPTIONS", "128", "active subscriptions per session",
 		intSetting(func(c *config) *int { return &c.Gateway.MaxSubscriptions })},
+	{"presence-ttl", "SYNCGATE_PRESENCE_TTL", "30s", "how long a presence member stays after its socket or node vanished; live sessions refresh theirs every third of it",
+		durationSetting(func(c *config) *time.Duration { return &c.Gateway.PresenceTTL })},
+	{"presence-window", "SYNCGATE_PRESENCE_WINDOW", "100ms", "presence coalescing window: a topic's joins, updates and leaves reach subscribers at most once per window, batched",
+		durationSetting(func(c *config) *time.Duration { return &c.Gateway.PresenceWindow })},
+	{"presence-leave-grace", "SYNCGATE_PRESENCE_LEAVE_GRACE", "1s", "how long a member must stay gone before subscribers see it leave; a rejoin inside it (reload, reconnect) is no flap. At least presence-window",
+		durationSetting(func(c *config) *time.Duration { return &c.Gateway.PresenceLeaveGrace })},
 	{"allowed-origins", "SYNCGATE_ALLOWED_ORIGINS", "", "comma-separated Origin patterns allowed besides the request's own host: host[:port] (app.example.com, *.example.com, localhost:5173) or scheme://host (https://app.example.com)",
 		func(c *config, v string) error {
 			c.Gateway.AllowedOrigins = nil
