@@ -8,3 +8,10 @@ package main
 // in the whole package's run, connects to B bunched past the limit. A
 // plain `go test` run (test.sh) uses 2,000.
 const stormTestN = 200
+
+// stormPeakSlack widens the per-second accept bound under -race from
+// 1.5·n/spread to 2.5·n/spread: on 2 vCPUs shared with the rest of the
+// suite the race detector's slowdown delays dials by hundreds of
+// milliseconds and bunches them (89/s against 75 was seen once). The full
+// 1.5· bound is checked by the 2,000-session run without -race in test.sh.
+const stormPeakSlack = 2.5 / 1.5

@@ -104,11 +104,12 @@ func TestStorm_Drain(t *testing.T) {
 	if r.Reconnected != n || r.ByDeadline != n {
 		t.Errorf("reconnected to B: %d, by spread+2s: %d; want %d (last at %.3fs)", r.Reconnected, r.ByDeadline, n, r.LastS)
 	}
-	if r.PeakAcceptsS > r.PlanLimit {
-		t.Errorf("B accepted %.0f sessions in one second (client-side log), want at most 1.5·n/spread = %.0f", r.PeakAcceptsS, r.PlanLimit)
+	limit := r.PlanLimit * stormPeakSlack
+	if r.PeakAcceptsS > limit {
+		t.Errorf("B accepted %.0f sessions in one second (client-side log), want at most %.0f (1.5·n/spread = %.0f, slack %.2f)", r.PeakAcceptsS, limit, r.PlanLimit, stormPeakSlack)
 	}
-	if r.PeakAcceptsSrv != nil && *r.PeakAcceptsSrv > r.PlanLimit {
-		t.Errorf("B's accept counter rose %.0f in one second, want at most %.0f", *r.PeakAcceptsSrv, r.PlanLimit)
+	if r.PeakAcceptsSrv != nil && *r.PeakAcceptsSrv > limit {
+		t.Errorf("B's accept counter rose %.0f in one second, want at most %.0f", *r.PeakAcceptsSrv, limit)
 	}
 	if r.AExit != "ok" || r.AExitS == nil || *r.AExitS > (spread+grace).Seconds() {
 		t.Errorf("A's drain: %q after %v s, want nil within %v", r.AExit, r.AExitS, spread+grace)
