@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path"
 	"sort"
@@ -15,6 +16,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/syncgate/syncgate/auth"
 	"github.com/syncgate/syncgate/gateway"
 )
 
@@ -28,7 +30,32 @@ type config struct {
 	DebugAddr       string
 	ShutdownTimeout time.Duration
 	Gateway         gateway.Config
+
+	// Security (serve.go builds the verifier from these).
+	JWTSecret   secret // HS256 shared secret; never logged
+	JWTKeys     string // path of the PEM or JWKS public key file
+	JWTAudience string
+	JWTIssuer   string
+	Insecure    bool // anonymous mode on a non-loopback address
+	TLSCert     string
+	TLSKey      string
 }
+
+// secret is a string that never prints: every fmt verb and slog show
+// "[redacted]", so a config dump cannot leak it.
+type secret string
+
+func (secret) String() string               { return "[redacted]" }
+func (secret) GoString() string             { return "[redacted]" }
+func (secret) LogValue() slog.Value         { return slog.StringValue("[redacted]") }
+func (secret) Format(f fmt.State, _ rune)   { _, _ = io.WriteString(f, "[redacted]") }
+func (secret) MarshalText() ([]byte, error) { return []byte("[redacted]"), nil }
+
+// anonymous reports whether no token key is configured (dev mode).
+func (c *config) anonymous() bool { return c.JWTSecret == "" && c.JWTKeys == "" }
+
+// boolSettings are the settings whose flag may be given without a value.
+var boolSettings = map[string]bool{"insecure": true}
 
 // setting is one knob: a flag, its environment variable, and its key in the
 // YAML config file (the flag's name).
@@ -154,19 +181,103 @@ var settings = []setting{
 		durationSetting(func(c *config) *time.Duration { return &c.Gateway.PresenceWindow })},
 	{"presence-leave-grace", "SYNCGATE_PRESENCE_LEAVE_GRACE", "1s", "how long a member must stay gone before subscribers see it leave; a rejoin inside it (reload, reconnect) is no flap. At least presence-window",
 		durationSetting(func(c *config) *time.Duration { return &c.Gateway.PresenceLeaveGrace })},
-	{"allowed-origins", "SYNCGATE_ALLOWED_ORIGINS", "", "comma-separated Origin patterns allowed besides the request's own host: host[:port] (app.example.com, *.example.com, localhost:5173) or scheme://host (https://app.example.com)",
+	{"allowed-origins", "SYNCGATE_ALLOWED_ORIGINS", "", "comma-separated Origin patterns allowed besides the request's own host: host[:port] (app.example.com, localhost:5173), *.domain (any subdomain, never domain itself), optionally https:// or http:// in front to pin the scheme; no other wildcard, never null",
 		func(c *config, v string) error {
 			c.Gateway.AllowedOrigins = nil
 			for _, o := range strings.Split(v, ",") {
 				if o = strings.TrimSpace(o); o != "" {
-					if _, err := path.Match(o, ""); err != nil {
-						return fmt.Errorf("bad pattern %q: %w", o, err)
-					}
 					c.Gateway.AllowedOrigins = append(c.Gateway.AllowedOrigins, o)
 				}
 			}
+			_, err := auth.NewOriginPolicy(c.Gateway.AllowedOrigins)
+			return err
+		}},
+	{"jwt-secret", "SYNCGATE_JWT_SECRET", "", "HS256 shared secret (at least 32 bytes) that verifies hello tokens; never logged. Prefer the environment to the flag",
+		func(c *config, v string) error {
+			if v != "" && len(v) < 32 {
+				return fmt.Errorf("want at least 32 bytes (e.g. openssl rand -hex 32), got %d", len(v))
+			}
+			c.JWTSecret = secret(v)
 			return nil
 		}},
+	{"jwt-keys", "SYNCGATE_JWT_KEYS", "", "path of a file of RS256/ES256 public keys (PEM blocks or a JWKS) that verify hello tokens",
+		func(c *config, v string) error { c.JWTKeys = v; return nil }},
+	{"jwt-audience", "SYNCGATE_JWT_AUDIENCE", "", "if set, a token's aud must contain it",
+		func(c *config, v string) error { c.JWTAudience = v; return nil }},
+	{"jwt-issuer", "SYNCGATE_JWT_ISSUER", "", "if set, a token's iss must equal it",
+		func(c *config, v string) error { c.JWTIssuer = v; return nil }},
+	{"insecure", "SYNCGATE_INSECURE", "false", "without jwt-secret or jwt-keys (anonymous dev mode), listen on a non-loopback address and answer any Host anyway",
+		func(c *config, v string) error {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return fmt.Errorf("want true or false, got %q", v)
+			}
+			c.Insecure, c.Gateway.Insecure = b, b
+			return nil
+		}},
+	{"token-grace", "SYNCGATE_TOKEN_GRACE", "30s", "how long a session whose token expired may send a refreshing hello before it is closed (1008)",
+		func(c *config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return fmt.Errorf("want a positive duration like 30s, got %q", v)
+			}
+			c.Gateway.TokenGrace = d
+			return nil
+		}},
+	{"frame-rate", "SYNCGATE_FRAME_RATE", "1000", "frames per second a session may send (token bucket); over it frames are dropped with X_RATE_LIMITED (off: no limit)",
+		func(c *config, v string) error {
+			if v == "off" {
+				c.Gateway.FrameRate = -1
+				return nil
+			}
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || !(f > 0) || f > 1e9 {
+				return fmt.Errorf("want a positive number or off, got %q", v)
+			}
+			c.Gateway.FrameRate = f
+			return nil
+		}},
+	{"frame-burst", "SYNCGATE_FRAME_BURST", "auto", "size of a session's frame token bucket (auto: twice frame-rate)",
+		func(c *config, v string) error {
+			if v == "auto" {
+				c.Gateway.FrameBurst = 0
+				return nil
+			}
+			return intSetting(func(c *config) *int { return &c.Gateway.FrameBurst })(c, v)
+		}},
+	{"rate-limit-close", "SYNCGATE_RATE_LIMIT_CLOSE", "10s", "close a session (1008) that stays over its frame rate this long without a second's pause (off: never)",
+		func(c *config, v string) error {
+			if v == "off" {
+				c.Gateway.RateLimitClose = -1
+				return nil
+			}
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return fmt.Errorf("want a positive duration like 10s, or off, got %q", v)
+			}
+			c.Gateway.RateLimitClose = d
+			return nil
+		}},
+	{"max-sessions-per-ip", "SYNCGATE_MAX_SESSIONS_PER_IP", "off", "sessions one client IP may hold; over it a client is told to come back (1013). Behind a proxy every client shares its address: leave off there",
+		func(c *config, v string) error {
+			if v == "off" {
+				c.Gateway.MaxSessionsPerIP = 0
+				return nil
+			}
+			return intSetting(func(c *config) *int { return &c.Gateway.MaxSessionsPerIP })(c, v)
+		}},
+	{"max-sessions-per-actor", "SYNCGATE_MAX_SESSIONS_PER_ACTOR", "100", "sessions one actor (token sub) may hold; over it the hello gets X_TOO_MANY_SESSIONS and close 1008 (off: no cap)",
+		func(c *config, v string) error {
+			if v == "off" {
+				c.Gateway.MaxSessionsPerActor = -1
+				return nil
+			}
+			return intSetting(func(c *config) *int { return &c.Gateway.MaxSessionsPerActor })(c, v)
+		}},
+	{"tls-cert", "SYNCGATE_TLS_CERT", "", "PEM certificate (chain) file: with tls-key, serve https and wss directly",
+		func(c *config, v string) error { c.TLSCert = v; return nil }},
+	{"tls-key", "SYNCGATE_TLS_KEY", "", "PEM private key file of tls-cert",
+		func(c *config, v string) error { c.TLSKey = v; return nil }},
 	{"debug-addr", "SYNCGATE_DEBUG_ADDR", "", "if set, serve Go profiling (/debug/pprof/) on this separate address, e.g. 127.0.0.1:6060",
 		func(c *config, v string) error { c.DebugAddr = v; return nil }},
 	{"drain-spread", "SYNCGATE_DRAIN_SPREAD", "30s", "on SIGTERM/SIGINT or an admin drain, the window over which sessions are told to reconnect, each in its own slot (0s: all at once)",
@@ -259,7 +370,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 		return nil
 	})
 	for _, s := range settings {
-		fs.Func(s.name, fmt.Sprintf("%s (env: %s, default %q)", s.usage, s.env, s.def), func(v string) error {
+		fn := func(v string) error {
 			flagged = append(flagged, func() error {
 				if err := s.set(c, v); err != nil {
 					return fmt.Errorf("flag -%s: %w", s.name, err)
@@ -267,7 +378,13 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 				return nil
 			})
 			return nil
-		})
+		}
+		usage := fmt.Sprintf("%s (env: %s, default %q)", s.usage, s.env, s.def)
+		if boolSettings[s.name] {
+			fs.BoolFunc(s.name, usage, fn)
+		} else {
+			fs.Func(s.name, usage, fn)
+		}
 	}
 	if err := fs.Parse(args); err != nil {
 		return nil, errUsage // the flag package has printed why
@@ -366,9 +483,31 @@ func (c *config) validate() error {
 	if c.DataDir == "" {
 		return errors.New("data-dir (SYNCGATE_DATA_DIR) must not be empty")
 	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		return errors.New("tls-cert (SYNCGATE_TLS_CERT) and tls-key (SYNCGATE_TLS_KEY) go together")
+	}
+	if c.anonymous() && !c.Insecure && !loopbackAddr(c.Addr) {
+		return fmt.Errorf("addr (SYNCGATE_ADDR) %s is not a loopback address, and no token keys are set: "+
+			"set SYNCGATE_JWT_SECRET or SYNCGATE_JWT_KEYS, or run anonymous anyway with -insecure (SYNCGATE_INSECURE=true)", c.Addr)
+	}
 	if int64(c.Gateway.SendQueueBytes) < 2*c.Gateway.MaxFrameBytes {
 		return fmt.Errorf("send-queue-bytes (SYNCGATE_SEND_QUEUE_BYTES=%d) must be at least twice max-frame (SYNCGATE_MAX_FRAME=%d)",
 			c.Gateway.SendQueueBytes, c.Gateway.MaxFrameBytes)
 	}
 	return nil
+}
+
+// loopbackAddr reports whether a listen address binds only the local
+// machine: localhost or a loopback IP (an empty host binds every
+// interface).
+func loopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

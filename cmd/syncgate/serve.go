@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/syncgate/syncgate/auth"
 	"github.com/syncgate/syncgate/gateway"
 	"github.com/syncgate/syncgate/storage"
 )
@@ -40,6 +41,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		}
 	}()
 	cfg.Gateway.Log = db
+	if err := setVerifier(cfg, log); err != nil {
+		return err
+	}
 	gw, err := gateway.New(cfg.Gateway)
 	if err != nil {
 		return err
@@ -61,10 +65,16 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		defer stopDebug()
 	}
 	served := make(chan error, 1)
-	go func() { served <- hs.Serve(ln) }()
+	scheme, ws := "http", "ws"
+	if cfg.TLSCert != "" {
+		scheme, ws = "https", "wss"
+		go func() { served <- hs.ServeTLS(ln, cfg.TLSCert, cfg.TLSKey) }()
+	} else {
+		go func() { served <- hs.Serve(ln) }()
+	}
 	log.Info("syncgate listening", "addr", ln.Addr().String(), "version", versionString(),
-		"ws", "ws://"+ln.Addr().String()+"/v1/ws")
-	fmt.Fprintf(stdout, "syncgate listening on http://%s (WebSocket: ws://%s/v1/ws)\n", ln.Addr(), ln.Addr())
+		"ws", ws+"://"+ln.Addr().String()+"/v1/ws")
+	fmt.Fprintf(stdout, "syncgate listening on %s://%s (WebSocket: %s://%s/v1/ws)\n", scheme, ln.Addr(), ws, ln.Addr())
 
 	select {
 	case err := <-served:
@@ -103,6 +113,39 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		return fmt.Errorf("http server: %w", err)
 	}
 	log.Info("stopped")
+	return nil
+}
+
+// setVerifier builds the token verifier from the jwt settings, reading the
+// keys file, or says loudly that the node runs anonymous. The secret is
+// never logged.
+func setVerifier(cfg *config, log *slog.Logger) error {
+	if cfg.anonymous() {
+		msg := "NO TOKEN KEYS: running anonymous (dev mode): every client may read and write every topic; set SYNCGATE_JWT_SECRET or SYNCGATE_JWT_KEYS in production"
+		if cfg.Insecure {
+			msg += "; -insecure: listening beyond loopback and answering any Host"
+		}
+		log.Warn(msg, "addr", cfg.Addr)
+		return nil
+	}
+	ac := auth.Config{Secret: []byte(cfg.JWTSecret), Audience: cfg.JWTAudience, Issuer: cfg.JWTIssuer}
+	if cfg.JWTKeys != "" {
+		b, err := os.ReadFile(cfg.JWTKeys)
+		if err != nil {
+			return fmt.Errorf("jwt-keys (SYNCGATE_JWT_KEYS): %w", err)
+		}
+		ac.Keys = b
+	}
+	v, err := auth.New(ac)
+	if err != nil {
+		return fmt.Errorf("jwt settings: %w", err)
+	}
+	var keys []string
+	for _, k := range v.Keys() {
+		keys = append(keys, k.Alg+" kid="+k.KID)
+	}
+	log.Info("tokens required", "keys", keys, "audience", cfg.JWTAudience, "issuer", cfg.JWTIssuer)
+	cfg.Gateway.Verifier = v
 	return nil
 }
 

@@ -45,7 +45,7 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 	}
 }
 
-var listeningRE = regexp.MustCompile(`listening on http://(\S+) `)
+var listeningRE = regexp.MustCompile(`listening on https?://(\S+) `)
 
 // TestRun_ServeAndGracefulStop runs the real command on a loopback port,
 // publishes through it to a persisted topic, reads the message back over
