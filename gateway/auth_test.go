@@ -243,7 +243,7 @@ func TestAuth_ForbiddenAttemptsDeliverNothing(t *testing.T) {
 // now, so a token with a whole-second exp expires after lead.
 func expiringClock(lead time.Duration) (now func() time.Time, exp time.Time) {
 	exp = time.Unix(time.Now().Unix()+3600, 0)
-	off := exp.Add(-lead).Sub(time.Now())
+	off := time.Until(exp.Add(-lead))
 	return func() time.Time { return time.Now().Add(off) }, exp
 }
 
