@@ -62,7 +62,7 @@ func TestGateway_MalformedFrames(t *testing.T) {
 		{"second hello", `{"type":"hello","v":1,"buildId":"","sessionId":null,"actorId":null,"resume":[]}`, frames.CodeDuplicateHello, ""},
 		{"server-only ack", `{"type":"ack","v":1,"ref":"x","lsn":null,"error":null}`, frames.CodeUnexpectedFrame, ""},
 		{"server-only patch", `{"type":"patch","v":1,"sid":"x","patches":[],"lsn":""}`, frames.CodeUnexpectedFrame, ""},
-		{"presence not yet", `{"type":"presence","v":1,"topic":"room","op":"join","members":[]}`, frames.CodeUnsupported, "presence:room"},
+		{"presence join without a member", `{"type":"presence","v":1,"topic":"room","op":"join","members":[]}`, frames.CodeBadField, "presence:room"},
 		{"presence bad op", `{"type":"presence","v":1,"topic":"room","op":"dance","members":[]}`, frames.CodeBadField, "presence:room"},
 	}
 	for _, tc := range cases {
