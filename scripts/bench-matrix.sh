@@ -21,7 +21,7 @@ scenarios=(
 )
 for run in $(seq 1 "$RUNS"); do
 	for sc in "${scenarios[@]}"; do
-		"$BIN" -addr "127.0.0.1:$PORT" -log-level warn &
+		"$BIN" -addr "127.0.0.1:$PORT" -data-dir "$(mktemp -d)" -frame-rate off -accept-rate off -log-level warn &
 		pid=$!
 		for _ in $(seq 1 50); do
 			curl -fs "http://127.0.0.1:$PORT/readyz" >/dev/null 2>&1 && break
