@@ -30,7 +30,8 @@ import (
 // followed by exactly one JSON line starting with {"bench":"<command>".
 //
 // Files: bench.go (commands, common flags, connection setup), bench_connect.go,
-// bench_fanout.go, bench_topics.go, bench_storm.go (one command each;
+// bench_fanout.go, bench_topics.go, bench_presence.go, bench_storm.go (one command each;
+// bench_presence_conn.go holds presence's raw sessions;
 // bench_storm_run.go is the storm's wave, shared with the drain test), bench_load.go
 // (publisher and subscriber shared by fanout and topics), bench_hist.go
 // (latency histogram), bench_metrics.go (/metrics scrape), bench_unix.go and
@@ -48,6 +49,10 @@ Commands:
                                              delivery rate, ratio, latency, CPU
   topics  -n N -rate R -dur T [-size B]      N topics with one subscriber each, one publisher
                                              round-robin: ack and delivery latency, CPU
+  presence -members N -observers N -dur T   N members join one topic's presence, then update
+           [-rate R]                         their meta R times/s; observers subscribe: presence
+                                             frames and ops per observer per second, CPU per
+                                             update, join- and update-to-observed latency
   append  [-phases ...] [-dur T]             the stream log in this process on a fresh data dir:
                                              fsynced appends (1 producer, one tx per append,
                                              group commit), Durable Streams HTTP appends and
@@ -85,6 +90,8 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return benchFanout(ctx, args, stdout, stderr)
 	case "topics":
 		return benchTopics(ctx, args, stdout, stderr)
+	case "presence":
+		return benchPresence(ctx, args, stdout, stderr)
 	case "append":
 		return benchAppend(ctx, args, stdout, stderr)
 	case "storm":

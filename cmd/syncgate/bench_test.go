@@ -517,3 +517,34 @@ func Test_rawConn_serverClose(t *testing.T) {
 		t.Errorf("Close after the server closed: %v", err)
 	}
 }
+
+func TestBench_Presence(t *testing.T) {
+	t.Parallel()
+	url := startGateway(t)
+	var r presenceResult
+	runBench(t, &r, "presence", "-url", url, "-members", "20", "-observers", "20", "-sample", "5",
+		"-dur", "1s", "-rate", "2", "-join-spread", "200ms", "-wait", "3s")
+	if r.Members != 20 || r.Observers != 20 || r.Sample != 5 {
+		t.Errorf("members %d, observers %d, sample %d; want 20, 20, 5", r.Members, r.Observers, r.Sample)
+	}
+	if r.Joins != 20 || r.JoinsAcked != 20 || r.JoinsUnobserved != 0 || r.JoinToObserved.Count != 20*5 {
+		t.Errorf("joins %d, acked %d, unobserved %d, timed %d; want 20, 20, 0, 100",
+			r.Joins, r.JoinsAcked, r.JoinsUnobserved, r.JoinToObserved.Count)
+	}
+	if r.Updates != 40 || r.UpdatesAcked != 40 || r.Behind != 0 {
+		t.Errorf("updates %d, acked %d, behind %d; want 40, 40, 0", r.Updates, r.UpdatesAcked, r.Behind)
+	}
+	if r.UpdateToObserved.Count != 40*5 || r.UpdatesObservedRatio != 1 || r.UpdateToObserved.P99 <= 0 {
+		t.Errorf("update-to-observed %+v, ratio %v; want 200 samples, ratio 1", r.UpdateToObserved, r.UpdatesObservedRatio)
+	}
+	if r.FramesPerObserverPerS <= 0 || r.OpsPerObserverPerS <= 0 || r.OpsPerFrame < 1 {
+		t.Errorf("frames/s %v, ops/s %v, ops/frame %v", r.FramesPerObserverPerS, r.OpsPerObserverPerS, r.OpsPerFrame)
+	}
+	if r.ServerCPUUsPerUpdate == nil || r.ServerCores == nil {
+		t.Errorf("CPU figures missing: per update %v, %+v", r.ServerCPUUsPerUpdate, r.cpuJSON)
+	}
+	if r.Errors != 0 || r.Undecodable != 0 || r.ObserverDisconnects != 0 || r.MemberDisconnects != 0 {
+		t.Errorf("errors %d (%s), undecodable %d, disconnects %d+%d (%s)", r.Errors, r.FirstError, r.Undecodable,
+			r.ObserverDisconnects, r.MemberDisconnects, r.FirstDisconnect)
+	}
+}
