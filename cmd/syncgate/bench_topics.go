@@ -43,18 +43,21 @@ type topicsResult struct {
 
 	subsJSON
 	cpuJSON
+	floodJSON
 }
 
 func benchTopics(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var (
 		b      benchFlags
 		l      loadFlags
+		fl     floodFlags
 		n      int
 		prefix string
 	)
 	fs := newFlagSet("topics", "-n N -rate R -dur T [-size B] [flags]", stderr)
 	b.register(fs)
 	l.register(fs)
+	fl.register(fs)
 	fs.IntVar(&n, "n", 100, "topics, each with one subscriber session")
 	fs.StringVar(&prefix, "topic-prefix", "bench:topics", "topic i is <prefix>:<i>")
 	if err := parseFlags(fs, args); err != nil {
@@ -66,12 +69,15 @@ func benchTopics(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err := l.validate(b); err != nil {
 		return err
 	}
-	e, err := b.setup(ctx, n+1)
+	if err := fl.validate(); err != nil {
+		return err
+	}
+	e, err := b.setup(ctx, n+1+fl.n)
 	if err != nil {
 		return err
 	}
 	defer e.close()
-	e.warnPorts(stderr, n+1)
+	e.warnPorts(stderr, n+1+fl.n)
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
 
@@ -95,11 +101,22 @@ func benchTopics(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	defer closeSubs(b.dialConcurrency, ss)
+	flood, err := e.openFlooders(ctx, fl, prefix, l.size)
+	if err != nil {
+		return err
+	}
+	defer flood.close()
 
 	fmt.Fprintf(stdout, "topics: %d topics (%s:0…) with one subscriber (%s) each, one publisher round-robin at %g msgs/s for %s, %d-byte data\n",
 		n, prefix, l.subscriber, l.rate, l.dur, l.size)
+	if fl.n > 0 {
+		fmt.Fprintf(stdout, "topics: %d flooders send %s frames at %g/s each (%g × the server's %g/s) for the whole window\n",
+			fl.n, fl.frame, fl.rate(), fl.factor, fl.serverRate)
+	}
 	win := e.startCPU(ctx, stderr)
+	flood.start()
 	run := pub.run(ctx, l, topics)
+	flood.halt()
 	if ctx.Err() != nil {
 		return runErr(ctx, b)
 	}
@@ -118,6 +135,7 @@ func benchTopics(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		subsJSON: lr.subsJSON(),
 		cpuJSON:  cpu,
 	}
+	r.floodJSON = flood.result(l.wait)
 	if run.err != nil {
 		r.PublisherError = run.err.Error()
 	}
@@ -147,5 +165,6 @@ func benchTopics(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fmt.Fprintf(stdout, "  delivery   %s\n", r.DeliveryLatency)
 	fmt.Fprintf(stdout, "  %s\n", r.cpuJSON)
 	r.subsJSON.print(stdout, r.Subscriber)
+	r.floodJSON.print(stdout)
 	return writeJSON(stdout, r)
 }
