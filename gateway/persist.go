@@ -386,6 +386,15 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, after string
 			"treat messages after your cursor as lost; the snapshot that follows starts the subscription afresh"))
 		s.sendSnapshot(sub.sid, sub.topic, through)
 	}
+	if after > through {
+		// The cursor may be ahead of this node's tailer but still in the
+		// log (another node, or this one's other sessions, delivered it
+		// first): wait for the tailer to pass it, then replay up to the
+		// tailer's position instead, dropping what was held meanwhile.
+		if t, ok := s.catchUp(ctx, sub, after); ok {
+			through = t
+		}
+	}
 	if hi, _, err := frames.ParseOffset(after); err != nil || hi != 0 || after > through {
 		// Not an offset of this log: from an ephemeral topic, another
 		// node's counter, or a stream that was deleted and made anew.
@@ -463,6 +472,51 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, after string
 		r.mu.Unlock()
 		mu.Unlock()
 		return
+	}
+}
+
+// catchUpWait bounds how long a resume waits for the topic's tailer to
+// reach a cursor that is ahead of it; catchUpPoll is how often it looks.
+const (
+	catchUpWait = 5 * time.Second
+	catchUpPoll = 2 * time.Millisecond
+)
+
+// catchUp handles a cursor past the tailer's published offset. If the log
+// holds the cursor's record, it waits until the tailer has published past
+// it, then restarts the replay window at the tailer's position: what was
+// held is dropped, since the replay now reads it from the log. It returns
+// the new end of the window, or false if the cursor is not in the log (or
+// the wait ran out).
+func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string) (string, bool) {
+	srv, r := s.srv, sub.replay
+	info, err := srv.cfg.Log.Head(ctx, sub.topic)
+	if err != nil || cursor > info.Tail {
+		return "", false
+	}
+	mu := srv.seq.stripe(sub.topic)
+	deadline := time.NewTimer(catchUpWait)
+	defer deadline.Stop()
+	tick := time.NewTicker(catchUpPoll)
+	defer tick.Stop()
+	for {
+		mu.Lock()
+		if r.tailer.published >= cursor {
+			r.mu.Lock()
+			r.held, r.lost = nil, false
+			through := r.tailer.published
+			r.mu.Unlock()
+			mu.Unlock()
+			return through, true
+		}
+		mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return "", false
+		case <-deadline.C:
+			return "", false
+		case <-tick.C:
+		}
 	}
 }
 

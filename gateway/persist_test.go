@@ -479,3 +479,69 @@ func TestPersisted_PipelinedPublishes(t *testing.T) {
 		}
 	}
 }
+
+// gatedLog holds every Wait until open is closed: a tailer that lags the
+// log, as on a node whose tailer has not woken yet.
+type gatedLog struct {
+	*storage.DB
+	open chan struct{}
+}
+
+func (g *gatedLog) Wait(ctx context.Context, name, after string) error {
+	select {
+	case <-g.open:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return g.DB.Wait(ctx, name, after)
+}
+
+// TestPersisted_CursorAheadOfTheTailer: a cursor that is in the log but
+// past this node's tailer (another node delivered it first) resumes once
+// the tailer passes it: no X_CURSOR_EXPIRED, nothing twice.
+func TestPersisted_CursorAheadOfTheTailer(t *testing.T) {
+	t.Parallel()
+	db, err := storage.Open(filepath.Join(t.TempDir(), "log.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	log := &gatedLog{DB: db, open: make(chan struct{})}
+	gw, err := gateway.New(gateway.Config{Log: log, Persist: []string{"chat:*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newTestServerFor(t, gw)
+	first := gwtest.Dial(t, srv.url, nil)
+	first.Hello("", 0)
+	first.Subscribe("s", "chat:lag") // starts the tailer at the empty log's tail
+	ctx := context.Background()
+	var lsns []string
+	for i := range 3 {
+		res, err := db.Append(ctx, "chat:lag", storage.AppendRequest{Records: [][]byte{[]byte(fmt.Sprint(i))}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lsns = append(lsns, res.Offset)
+	}
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0)
+	sendResume(c, "s", "chat:lag", lsns[1]) // ahead of the gated tailer
+	close(log.open)
+	if ack := gwtest.Expect[*frames.Ack](c); ack.Error != nil {
+		t.Fatalf("resume ahead of the tailer: %+v", ack.Error)
+	}
+	if snap := gwtest.Expect[*frames.Snapshot](c); snap.Cursor.LSN != lsns[1] {
+		t.Fatalf("snapshot at %s, want the cursor %s", snap.Cursor.LSN, lsns[1])
+	}
+	if op := collect(t, c, "s", 1)[0]; op.LSN != lsns[2] {
+		t.Fatalf("first insert after the cursor: %s, want %s", op.LSN, lsns[2])
+	}
+	live, err := db.Append(ctx, "chat:lag", storage.AppendRequest{Records: [][]byte{[]byte(`"live"`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if op := collect(t, c, "s", 1)[0]; op.LSN != live.Offset {
+		t.Fatalf("next insert %s, want the live record %s (nothing twice)", op.LSN, live.Offset)
+	}
+}
