@@ -2,6 +2,7 @@ package frames
 
 import (
 	"encoding/json"
+	"fmt"
 	"testing"
 )
 
@@ -132,5 +133,31 @@ func BenchmarkEncode_Hello(b *testing.B) {
 		if buf, err = AppendEncode(buf[:0], f); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkEncode_PresenceSync encodes the sync a joiner of a 1,000-member
+// topic receives, by hand (AppendEncode) and through encoding/json.
+func BenchmarkEncode_PresenceSync(b *testing.B) {
+	members := make([]Member, 1000)
+	for i := range members {
+		members[i] = Member{ID: fmt.Sprintf("client-%04d", i), Meta: json.RawMessage(`{"status":"online","t":1764430000000}`), UpdatedAt: 1764430000000}
+	}
+	p := &Presence{Topic: "room:1", Op: PresenceSync, Members: members}
+	for _, enc := range []struct {
+		name string
+		fn   func([]byte, Frame) ([]byte, error)
+	}{{"hand", AppendEncode}, {"encoding-json", appendReflect}} {
+		b.Run(enc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			var buf []byte
+			for b.Loop() {
+				var err error
+				if buf, err = enc.fn(buf[:0], p); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.SetBytes(int64(len(buf)))
+		})
 	}
 }

@@ -34,7 +34,7 @@ func Encode(f Frame) ([]byte, error) {
 // AppendEncode appends the wire form of f (see [Encode]) to dst and
 // returns the extended slice. On error it returns dst unchanged.
 //
-// Ack and patch frames are written by hand without reflection or
+// Ack, patch and presence frames are written by hand without reflection or
 // allocation beyond growing dst; the other kinds go through encoding/json.
 func AppendEncode(dst []byte, f Frame) ([]byte, error) {
 	switch f := f.(type) {
@@ -52,6 +52,11 @@ func AppendEncode(dst []byte, f Frame) ([]byte, error) {
 			return dst, err
 		}
 		return out, nil
+	case *Presence:
+		if f == nil {
+			break
+		}
+		return appendPresence(dst, f)
 	default:
 		return appendReflect(dst, f)
 	}
@@ -129,6 +134,49 @@ func AppendInsertBody(dst []byte, lsn string, appendRow func(dst []byte) []byte)
 	dst = append(dst, `}],"lsn":`...)
 	dst = appendString(dst, lsn)
 	return append(dst, '}')
+}
+
+// appendPresence writes a presence frame by hand: a sync of a busy topic
+// lists every member, and the server sends one to each joiner.
+func appendPresence(dst []byte, p *Presence) ([]byte, error) {
+	start := len(dst)
+	dst = append(dst, `{"type":"presence","v":1,"topic":`...)
+	dst = appendString(dst, p.Topic)
+	dst = append(dst, `,"op":`...)
+	dst = appendString(dst, p.Op)
+	dst = append(dst, `,"members":[`...)
+	for i := range p.Members {
+		m := &p.Members[i]
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, `{"id":`...)
+		dst = appendString(dst, m.ID)
+		dst = append(dst, `,"actorId":`...)
+		if m.ActorID == nil {
+			dst = append(dst, "null"...)
+		} else {
+			dst = appendString(dst, *m.ActorID)
+		}
+		dst = append(dst, `,"meta":`...)
+		if len(m.Meta) == 0 {
+			dst = append(dst, "null"...) // as encoding/json writes a nil RawMessage
+		} else {
+			var err error
+			if dst, err = appendRaw(dst, m.Meta); err != nil {
+				return dst[:start], fmt.Errorf("%w: presence: members[%d].meta: %w", ErrUnencodable, i, err)
+			}
+		}
+		dst = append(dst, `,"updatedAt":`...)
+		dst = strconv.AppendInt(dst, m.UpdatedAt, 10)
+		dst = append(dst, '}')
+	}
+	dst = append(dst, ']')
+	if p.Count != 0 {
+		dst = append(dst, `,"count":`...)
+		dst = strconv.AppendInt(dst, p.Count, 10)
+	}
+	return append(dst, '}'), nil
 }
 
 func appendAck(dst []byte, a *Ack) []byte {

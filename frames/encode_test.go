@@ -113,7 +113,7 @@ func TestAppendEncode_Appends(t *testing.T) {
 func TestEncode_HandMatchesReflect(t *testing.T) {
 	t.Parallel()
 	for name, f := range roundTripFrames() {
-		if f.FrameType() != TypeAck && f.FrameType() != TypePatch {
+		if f.FrameType() != TypeAck && f.FrameType() != TypePatch && f.FrameType() != TypePresence {
 			continue
 		}
 		t.Run(name, func(t *testing.T) {
@@ -273,5 +273,38 @@ func TestAppendPatch_Allocs(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Fatalf("%v allocs per run, want 0", allocs)
+	}
+}
+
+// TestAppendPresence_MatchesReflect: the hand-written presence encoder
+// writes what encoding/json writes, also for values Decode never returns
+// (nil members, nil or spaced meta), and refuses what it refuses.
+func TestAppendPresence_MatchesReflect(t *testing.T) {
+	t.Parallel()
+	actor := "u\u2028\"<1>"
+	tests := map[string]*Presence{
+		"nil members":  {Topic: "t", Op: PresenceSync},
+		"nil meta":     {Topic: "t", Op: PresenceJoin, Members: []Member{{ID: "a"}}},
+		"spaced meta":  {Topic: "t", Op: PresenceUpdate, Members: []Member{{ID: "a", ActorID: &actor, Meta: json.RawMessage(" { \"k\" : [1, 2] } "), UpdatedAt: -5}}},
+		"tricky":       {Topic: tricky, Op: tricky, Members: []Member{{ID: tricky, ActorID: &actor, Meta: json.RawMessage(`"x"`)}, {ID: "b", Meta: json.RawMessage(`{}`)}}, Count: 3},
+		"many members": {Topic: "t", Op: PresenceSync, Members: make([]Member, 100)},
+	}
+	for name, p := range tests {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			got, err := AppendEncode(nil, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := appendReflect(nil, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			assertEqual(t, "hand vs encoding/json", string(got), string(want))
+		})
+	}
+	bad := &Presence{Topic: "t", Op: PresenceJoin, Members: []Member{{ID: "a", Meta: json.RawMessage(`{"a":`)}}}
+	if out, err := AppendEncode([]byte("keep"), bad); err == nil || string(out) != "keep" {
+		t.Fatalf("invalid meta: %q, %v; want an error and dst unchanged", out, err)
 	}
 }
