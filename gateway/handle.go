@@ -18,14 +18,6 @@ const maxClientIDLen = 128
 // an error ack; none ends the session.
 func (s *session) handleLine(ctx context.Context, line []byte) {
 	f, err := frames.Decode(line)
-	if !s.allowFrame(s.srv.cfg.Now()) { // limits.go: every frame counts, bad ones too
-		ref := ""
-		if err == nil {
-			ref = refOf(f)
-		}
-		s.rateLimited(ref)
-		return
-	}
 	if err != nil {
 		s.srv.metrics.badFrames.Inc()
 		var fe *frames.Error

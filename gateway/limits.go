@@ -14,10 +14,16 @@ import (
 // Per-session frame rate. Every frame a client sends (hello included: a
 // hello may cost a signature check) takes a token from the session's
 // bucket (golang.org/x/time/rate, FrameRate per second, FrameBurst deep).
-// A frame over the rate is dropped and answered with X_RATE_LIMITED; the
-// session goes on. A session that stays over the rate for RateLimitClose
-// (every frame refused, no second without a refusal) is abusive and is
-// closed with 1008.
+// A frame over the rate is dropped before it is decoded. The first refused
+// frame of a run is answered with X_RATE_LIMITED, then at most one answer
+// per rateLimitAnswerEvery, whose cause counts the frames dropped since the
+// last: answering every dropped frame of a flood would cost the node the
+// CPU the limit is there to save (bench topics -flooders). The session goes
+// on. A session that stays over the rate for RateLimitClose (every frame
+// refused, no second without a refusal) is abusive and is closed with 1008.
+
+// rateLimitAnswerEvery bounds how often a flooding session is answered.
+const rateLimitAnswerEvery = 100 * time.Millisecond
 
 // allowFrame takes a token for one frame at now. Owned by the reader.
 func (s *session) allowFrame(now time.Time) bool {
@@ -32,10 +38,24 @@ func (s *session) allowFrame(now time.Time) bool {
 	return false
 }
 
-// rateLimited answers a dropped frame, and closes the session when it has
-// been over its rate for RateLimitClose.
-func (s *session) rateLimited(ref string) {
-	s.sendError(frames.NewError(frames.CodeRateLimited, ref, "over this session's limit of "+formatRate(s.srv.cfg.FrameRate)+" frames per second; the frame was dropped", ""))
+// rateLimited handles a dropped frame: it answers the first of a run and
+// then one per rateLimitAnswerEvery (decoding only the frames it answers,
+// for their ref), and closes the session when it has been over its rate
+// for RateLimitClose.
+func (s *session) rateLimited(line []byte) {
+	s.limitedDrops++
+	if s.limitedLast == s.limitedSince || s.limitedLast-s.limitedSent >= int64(rateLimitAnswerEvery) {
+		ref := ""
+		if f, err := frames.Decode(line); err == nil {
+			ref = refOf(f)
+		}
+		cause := "over this session's limit of " + formatRate(s.srv.cfg.FrameRate) + " frames per second; this frame was dropped"
+		if s.limitedDrops > 1 {
+			cause += ", and " + strconv.Itoa(s.limitedDrops-1) + " more since the last X_RATE_LIMITED"
+		}
+		s.sendError(frames.NewError(frames.CodeRateLimited, ref, cause, ""))
+		s.limitedSent, s.limitedDrops = s.limitedLast, 0
+	}
 	if d := s.srv.cfg.RateLimitClose; d > 0 && time.Duration(s.limitedLast-s.limitedSince) >= d {
 		s.closeWith(reasonRateLimited)
 	}

@@ -55,6 +55,8 @@ type session struct {
 	lim          *rate.Limiter // nil: no frame rate limit
 	limitedSince int64         // Unix nanoseconds: start of the current run of refused frames
 	limitedLast  int64         // Unix nanoseconds: the last refused frame
+	limitedSent  int64         // Unix nanoseconds: the last X_RATE_LIMITED answer
+	limitedDrops int           // frames refused since that answer
 	ip           string        // counted in srv.perIP
 	actorKey     string        // counted in srv.perActor; "" when not counted
 
@@ -193,6 +195,12 @@ func (s *session) readLoop() error {
 			frames.Split(msg, func(line []byte) bool {
 				if s.closing.Load() {
 					return false
+				}
+				// Every frame counts, bad ones too, and before it is
+				// decoded: a flood must cost as little as possible.
+				if !s.allowFrame(s.srv.cfg.Now()) {
+					s.rateLimited(line)
+					return true
 				}
 				if looksLikeMutate(line) {
 					s.handleLine(s.ctx, line) // the frequent kind: no detour
