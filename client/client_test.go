@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -527,6 +528,14 @@ func TestClient_Close_FullPatches(t *testing.T) {
 	}
 	for range 1024 {
 		recv(t, ctx, acked)
+	}
+	// The 1,024th patch may follow its ack: wait (with a deadline) until the
+	// buffer is full, so the read loop is blocked on the 1,025th.
+	for deadline := time.Now().Add(10 * time.Second); len(sub.Patches()) < 1024; {
+		if time.Now().After(deadline) {
+			t.Fatalf("patches buffered: %d, want 1024", len(sub.Patches()))
+		}
+		runtime.Gosched()
 	}
 	// Close must unblock the read loop and fail what is still pending.
 	noErr(t, c.Close())

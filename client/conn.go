@@ -201,6 +201,12 @@ func (cn *conn) readLoop() {
 			continue
 		}
 		frames.Split(msg, func(line []byte) bool {
+			if cn.c.closed() {
+				// Close has started: what is still pending fails with
+				// net.ErrClosed, so no late ack may complete it first.
+				// The loop goes on reading for the close handshake.
+				return false
+			}
 			f, err := frames.Decode(line)
 			if err != nil {
 				cn.rlog.Debug("client: ignoring undecodable frame", logKeyErr, err)
