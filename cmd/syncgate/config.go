@@ -18,6 +18,7 @@ import (
 
 	"github.com/syncgate/syncgate/auth"
 	"github.com/syncgate/syncgate/gateway"
+	"github.com/syncgate/syncgate/storage"
 )
 
 // config is everything `syncgate serve` is told.
@@ -25,6 +26,7 @@ type config struct {
 	Addr            string
 	DataDir         string
 	MaxAppend       int64 // also bounds the log's appends
+	Retention       storage.Retention
 	LogFormat       string
 	LogLevel        slog.Level
 	DebugAddr       string
@@ -78,6 +80,18 @@ func durationSetting(p func(*config) *time.Duration) func(*config, string) error
 	}
 }
 
+// int64Setting parses a non-negative integer (0 meaning "no bound").
+func int64Setting(p func(*config) *int64) func(*config, string) error {
+	return func(c *config, v string) error {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return fmt.Errorf("want a non-negative integer, got %q", v)
+		}
+		*p(c) = n
+		return nil
+	}
+}
+
 func intSetting(p func(*config) *int) func(*config, string) error {
 	return func(c *config, v string) error {
 		n, err := strconv.Atoi(v)
@@ -119,6 +133,12 @@ var settings = []setting{
 			c.MaxAppend = n
 			return nil
 		}},
+	{"retention-max-age", "SYNCGATE_RETENTION_MAX_AGE", "0s", "default retention of every stream and persisted topic: records older than this are pruned (0s: keep)",
+		durationSetting(func(c *config) *time.Duration { return &c.Retention.MaxAge })},
+	{"retention-max-bytes", "SYNCGATE_RETENTION_MAX_BYTES", "0", "default retention: oldest records are pruned above this many bytes per stream (0: no bound)",
+		int64Setting(func(c *config) *int64 { return &c.Retention.MaxBytes })},
+	{"retention-max-records", "SYNCGATE_RETENTION_MAX_RECORDS", "0", "default retention: oldest records are pruned above this many records per stream (0: no bound)",
+		int64Setting(func(c *config) *int64 { return &c.Retention.MaxRecords })},
 	{"build-id", "SYNCGATE_BUILD_ID", "", "current app build id, sent in hello; a client whose hello names another build gets update-available (change it at runtime with POST /v1/admin/build)",
 		func(c *config, v string) error { c.Gateway.BuildID = v; return nil }},
 	{"hello-timeout", "SYNCGATE_HELLO_TIMEOUT", "10s", "time a new connection has to send hello (else close 1008)",

@@ -62,6 +62,34 @@ func TestParseConfig_Precedence(t *testing.T) {
 	}
 }
 
+// TestParseConfig_StreamLog: the log's settings, from a YAML file (persist
+// as a list) and the environment.
+func TestParseConfig_StreamLog(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "syncgate.yaml")
+	yaml := "persist:\n  - 'chat:*'\n  - orders:*\nretention-max-age: 24h\nretention-max-records: 1000\n"
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := parseConfig(nil, env(map[string]string{
+		"SYNCGATE_CONFIG":              file,
+		"SYNCGATE_RETENTION_MAX_BYTES": "1048576",
+		"SYNCGATE_LONG_POLL_TIMEOUT":   "500ms",
+	}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(c.Gateway.Persist, ","); got != "chat:*,orders:*" {
+		t.Errorf("persist from a YAML list: %q", got)
+	}
+	if r := c.Retention; r.MaxAge != 24*time.Hour || r.MaxRecords != 1000 || r.MaxBytes != 1<<20 {
+		t.Errorf("retention: %+v", r)
+	}
+	if c.Gateway.LongPollTimeout != 500*time.Millisecond {
+		t.Errorf("long-poll-timeout: %v", c.Gateway.LongPollTimeout)
+	}
+}
+
 func TestParseConfig_Errors(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -84,6 +112,8 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"missing file", nil, map[string]string{"SYNCGATE_CONFIG": filepath.Join(dir, "nope.yaml")}, "config file"},
 		{"queue smaller than frame", nil, map[string]string{"SYNCGATE_SEND_QUEUE_BYTES": "1000"}, "SYNCGATE_SEND_QUEUE_BYTES"},
 		{"stray argument", []string{"extra"}, nil, `"extra"`},
+		{"negative retention", nil, map[string]string{"SYNCGATE_RETENTION_MAX_RECORDS": "-1"}, "SYNCGATE_RETENTION_MAX_RECORDS"},
+		{"bad persist pattern", nil, map[string]string{"SYNCGATE_PERSIST": "chat:["}, "SYNCGATE_PERSIST"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -160,6 +160,7 @@ func openLog(cfg *config, log *slog.Logger) (*storage.DB, error) {
 	db, err := storage.Open(file, &storage.Options{
 		Logger:         log.With("component", "storage"),
 		MaxAppendBytes: cfg.MaxAppend,
+		Retention:      cfg.Retention,
 		OnFatal: func(err error) {
 			log.Error("stream log write failed; exiting so nothing uncertain is acknowledged", "file", file, "err", err)
 			os.Exit(3)
