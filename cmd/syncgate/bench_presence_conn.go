@@ -167,25 +167,14 @@ func (c *presConn) send(ctx context.Context, f frames.Frame) error {
 }
 
 func (c *presConn) readLoop() {
-	var (
-		buf []byte
-		typ websocket.MessageType
-		err error
-	)
-	for {
-		typ, buf, err = readMessage(c.conn, buf[:0])
-		if err != nil {
-			break
+	err := readMessages(c.conn, func(text bool, msg []byte, at int64) {
+		if text {
+			frames.Split(msg, func(line []byte) bool {
+				c.handle(at, line)
+				return true
+			})
 		}
-		if typ != websocket.MessageText {
-			continue
-		}
-		now := time.Now().UnixNano()
-		frames.Split(buf, func(line []byte) bool {
-			c.handle(now, line)
-			return true
-		})
-	}
+	})
 	select {
 	case <-c.closing:
 		err = net.ErrClosed

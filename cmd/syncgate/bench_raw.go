@@ -177,26 +177,31 @@ func (r *rawConn) handshake(ctx context.Context, topic string) error {
 // readLoop reads messages into one reused buffer and hands them to the
 // subscriber until the connection ends.
 func (r *rawConn) readLoop() {
-	var (
-		buf []byte
-		typ websocket.MessageType
-		err error
-	)
-	for {
-		// No deadline: the loop ends when the connection does (Close, a
-		// server close, or a network error). A ctx without Done also
-		// keeps coder/websocket from arming a timer per read.
-		typ, buf, err = readMessage(r.conn, buf[:0])
-		if err != nil {
-			break
-		}
-		if typ != websocket.MessageText {
+	r.shutdown(readMessages(r.conn, func(text bool, msg []byte, at int64) {
+		if !text {
 			r.sub.other.Add(1)
-			continue
+			return
 		}
-		r.sub.handleMessage(time.Now().UnixNano(), buf)
+		r.sub.handleMessage(at, msg)
+	}))
+}
+
+// readMessages reads conn's messages into one reused buffer and hands each
+// to fn with whether it is text and when it was read (Unix ns), until the
+// connection ends; it returns the read error. No deadline: the loop ends
+// when the connection does (Close, a server close, or a network error),
+// and a ctx without Done keeps coder/websocket from arming a timer per
+// read. fn must not keep msg.
+func readMessages(conn *websocket.Conn, fn func(text bool, msg []byte, at int64)) error {
+	var buf []byte
+	for {
+		typ, b, err := readMessage(conn, buf[:0])
+		buf = b
+		if err != nil {
+			return err
+		}
+		fn(typ == websocket.MessageText, buf, time.Now().UnixNano())
 	}
-	r.shutdown(err)
 }
 
 // readMessage appends the next message to buf, growing it as needed.
