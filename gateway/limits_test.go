@@ -182,7 +182,9 @@ func TestLimits_129thSubscription(t *testing.T) {
 }
 
 // Origins through real upgrades, on the session path and on the refusal
-// path of a full node (both check before websocket.Accept).
+// path of a full node (both check before websocket.Accept). The gateway's
+// only origin table: it holds every case the first one (walking skeleton)
+// had.
 func TestLimits_OriginTable(t *testing.T) {
 	t.Parallel()
 	for _, full := range []bool{false, true} {
