@@ -90,7 +90,8 @@ type Config struct {
 
 	// FrameRate is the steady rate of frames per second a session may send
 	// (a token bucket of FrameBurst); a frame over it is dropped and
-	// answered with X_RATE_LIMITED. Zero means 1000; negative turns the
+	// answered with X_RATE_LIMITED, and a session that keeps flooding is
+	// read more slowly (limits.go). Zero means 1000; negative turns the
 	// limit off. FrameBurst zero means twice FrameRate.
 	FrameRate  float64
 	FrameBurst int

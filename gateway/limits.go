@@ -21,9 +21,39 @@ import (
 // CPU the limit is there to save (bench topics -flooders). The session goes
 // on. A session that stays over the rate for RateLimitClose (every frame
 // refused, no second without a refusal) is abusive and is closed with 1008.
+//
+// Dropping a frame still costs reading it, and a client can send frames far
+// faster than it is allowed to, so a flood is also read more slowly: the
+// reader takes in refused frames at no more than FrameRate/floodReadShare
+// per second (a second bucket, FrameBurst/floodReadShare deep) and, once
+// that is spent, pauses before its next read until it has a token again. The flood waits in TCP buffers
+// and the client's writes block; the work a session costs the node is
+// bounded by its rate, not by how fast it can send. A client within its
+// rate never pauses. Which of a flood's frames are dropped and which are
+// served later is not defined: the session is served FrameRate frames per
+// second on average, FrameBurst at once.
 
 // rateLimitAnswerEvery bounds how often a flooding session is answered.
 const rateLimitAnswerEvery = 100 * time.Millisecond
+
+// floodReadShare sets how many refused frames a flooding session's reader
+// still takes in: FrameRate/floodReadShare per second, which at the
+// default rate still allows an X_RATE_LIMITED answer every
+// rateLimitAnswerEvery.
+const floodReadShare = 10
+
+// maxReadPause bounds one pause of a flooding session's reader, so that a
+// message packed with refused frames cannot stall it for longer; a client
+// that keeps it up is paused again and again until RateLimitClose.
+const maxReadPause = time.Second
+
+// floodState is what a session that was once over its rate keeps: made by
+// the reader at the first refused frame, so a session that never floods
+// carries one nil pointer.
+type floodState struct {
+	lim  *rate.Limiter // refused frames the reader still takes in at once
+	wake chan struct{} // closed by closeWith: a paused reader returns
+}
 
 // allowFrame takes a token for one frame at now. Owned by the reader.
 func (s *session) allowFrame(now time.Time) bool {
@@ -42,7 +72,9 @@ func (s *session) allowFrame(now time.Time) bool {
 // then one per rateLimitAnswerEvery (decoding only the frames it answers,
 // for their ref), and closes the session when it has been over its rate
 // for RateLimitClose.
-func (s *session) rateLimited(line []byte) {
+// It returns how long the reader should pause before its next read.
+func (s *session) rateLimited(line []byte, now time.Time) time.Duration {
+	s.srv.metrics.framesRateLimited.Inc()
 	s.limitedDrops++
 	if s.limitedLast == s.limitedSince || s.limitedLast-s.limitedSent >= int64(rateLimitAnswerEvery) {
 		ref := ""
@@ -58,6 +90,28 @@ func (s *session) rateLimited(line []byte) {
 	}
 	if d := s.srv.cfg.RateLimitClose; d > 0 && time.Duration(s.limitedLast-s.limitedSince) >= d {
 		s.closeWith(reasonRateLimited)
+		return 0
+	}
+	f := s.flood.Load()
+	if f == nil {
+		f = &floodState{lim: rate.NewLimiter(s.lim.Limit()/floodReadShare, max(1, s.lim.Burst()/floodReadShare)), wake: make(chan struct{})}
+		s.flood.Store(f)
+	}
+	return min(f.lim.ReserveN(now, 1).DelayFrom(now), maxReadPause)
+}
+
+// pauseReading waits d before the reader's next read, or until the session
+// closes.
+func (s *session) pauseReading(d time.Duration) {
+	f := s.flood.Load()
+	if s.closing.Load() { // closeWith stores closing before it loads flood
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-f.wake:
 	}
 }
 

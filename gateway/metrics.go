@@ -46,28 +46,29 @@ const (
 // metrics holds the gateway's collectors, resolved once so hot paths do no
 // label lookups.
 type metrics struct {
-	sessions        prometheus.Gauge
-	accepted        prometheus.Counter
-	rejected        map[string]prometheus.Counter // by reason (budget.go)
-	draining        prometheus.Gauge
-	framesIn        [numFrameTypes]prometheus.Counter
-	framesOut       [numFrameTypes]prometheus.Counter
-	badFrames       prometheus.Counter
-	errorsByCode    *prometheus.CounterVec
-	bytesIn         prometheus.Counter
-	bytesOut        prometheus.Counter
-	messagesOut     prometheus.Counter
-	drops           map[string]prometheus.Counter
-	closes          [numCloseReasons]prometheus.Counter
-	deliveryLatency prometheus.Histogram
-	publishes       prometheus.Counter
-	writeDelay      prometheus.Gauge
-	tailers         prometheus.Gauge
-	resumes         map[string]prometheus.Counter
-	replayed        prometheus.Counter
-	presenceDiffs   prometheus.Counter // presence.go
-	presenceRejoins prometheus.Counter
-	tokenRefreshes  prometheus.Counter
+	sessions          prometheus.Gauge
+	accepted          prometheus.Counter
+	rejected          map[string]prometheus.Counter // by reason (budget.go)
+	draining          prometheus.Gauge
+	framesIn          [numFrameTypes]prometheus.Counter
+	framesOut         [numFrameTypes]prometheus.Counter
+	badFrames         prometheus.Counter
+	framesRateLimited prometheus.Counter
+	errorsByCode      *prometheus.CounterVec
+	bytesIn           prometheus.Counter
+	bytesOut          prometheus.Counter
+	messagesOut       prometheus.Counter
+	drops             map[string]prometheus.Counter
+	closes            [numCloseReasons]prometheus.Counter
+	deliveryLatency   prometheus.Histogram
+	publishes         prometheus.Counter
+	writeDelay        prometheus.Gauge
+	tailers           prometheus.Gauge
+	resumes           map[string]prometheus.Counter
+	replayed          prometheus.Counter
+	presenceDiffs     prometheus.Counter // presence.go
+	presenceRejoins   prometheus.Counter
+	tokenRefreshes    prometheus.Counter
 }
 
 // Resume outcomes label syncgate_resumes_total.
@@ -89,6 +90,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		}),
 		badFrames: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "syncgate_frames_bad_total", Help: "Inbound frames that failed to decode.",
+		}),
+		framesRateLimited: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "syncgate_frames_rate_limited_total", Help: "Inbound frames dropped, undecoded, for being over their session's frame rate.",
 		}),
 		errorsByCode: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "syncgate_error_acks_total", Help: "Error acks sent, by error code.",
@@ -167,7 +171,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	for r := range numCloseReasons {
 		m.closes[r] = closes.WithLabelValues(r.String())
 	}
-	reg.MustRegister(m.sessions, m.accepted, rejected, m.draining, framesIn, framesOut, m.badFrames,
+	reg.MustRegister(m.sessions, m.accepted, rejected, m.draining, framesIn, framesOut, m.badFrames, m.framesRateLimited,
 		m.errorsByCode, m.bytesIn, m.bytesOut, m.messagesOut, drops, closes, m.deliveryLatency, m.publishes, m.writeDelay,
 		m.tailers, m.replayed, resumes, m.tokenRefreshes)
 	reg.MustRegister(m.presenceDiffs, m.presenceRejoins)

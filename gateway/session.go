@@ -52,13 +52,14 @@ type session struct {
 	// released when run ends.
 	auth         atomic.Pointer[authState]
 	tokens       tokenClock
-	lim          *rate.Limiter // nil: no frame rate limit
-	limitedSince int64         // Unix nanoseconds: start of the current run of refused frames
-	limitedLast  int64         // Unix nanoseconds: the last refused frame
-	limitedSent  int64         // Unix nanoseconds: the last X_RATE_LIMITED answer
-	limitedDrops int           // frames refused since that answer
-	ip           string        // counted in srv.perIP
-	actorKey     string        // counted in srv.perActor; "" when not counted
+	lim          *rate.Limiter              // nil: no frame rate limit
+	limitedSince int64                      // Unix nanoseconds: start of the current run of refused frames
+	limitedLast  int64                      // Unix nanoseconds: the last refused frame
+	limitedSent  int64                      // Unix nanoseconds: the last X_RATE_LIMITED answer
+	limitedDrops int                        // frames refused since that answer
+	flood        atomic.Pointer[floodState] // set by the reader at its first refused frame
+	ip           string                     // counted in srv.perIP
+	actorKey     string                     // counted in srv.perActor; "" when not counted
 
 	// Send side; safe from any goroutine. q.mu also guards pingTimer's
 	// re-arming and the decision to start a writer.
@@ -177,6 +178,7 @@ func (s *session) readLoop() error {
 		}
 		bp := readBufPool.Get().(*[]byte)
 		msg, err := readMessage(r, (*bp)[:0])
+		var pause time.Duration
 		if err != nil {
 			readBufPool.Put(bp)
 			return err
@@ -198,8 +200,8 @@ func (s *session) readLoop() error {
 				}
 				// Every frame counts, bad ones too, and before it is
 				// decoded: a flood must cost as little as possible.
-				if !s.allowFrame(s.srv.cfg.Now()) {
-					s.rateLimited(line)
+				if now := s.srv.cfg.Now(); !s.allowFrame(now) {
+					pause = max(pause, s.rateLimited(line, now))
 					return true
 				}
 				if looksLikeMutate(line) {
@@ -213,6 +215,9 @@ func (s *session) readLoop() error {
 		if cap(msg) <= 64<<10 {
 			*bp = msg[:0]
 			readBufPool.Put(bp)
+		}
+		if pause > 0 {
+			s.pauseReading(pause)
 		}
 	}
 }
@@ -274,6 +279,9 @@ func (s *session) closeWith(r closeReason) {
 	start := s.claimWriterLocked()
 	s.q.mu.Unlock()
 	s.closing.Store(true)
+	if f := s.flood.Load(); f != nil {
+		close(f.wake) // a reader paused for a flood stops waiting
+	}
 	s.srv.metrics.closes[r].Inc()
 	if start {
 		s.spawnWriter()

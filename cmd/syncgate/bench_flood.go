@@ -101,6 +101,8 @@ type flooder struct {
 	nextSeq    atomic.Int64 // seq after the highest one acknowledged without error
 	behind     int64        // frames due but not written (writer only, read after done)
 	readerDone chan struct{}
+	writerDone chan struct{} // closed when flood returns
+	blocked    atomic.Bool   // its last write still waited for the server when the flood stopped
 
 	mu        sync.Mutex
 	closeCode websocket.StatusCode // guarded by mu: -1 until the server closes
@@ -134,7 +136,7 @@ func (e *benchEnv) dialFlooder(ctx context.Context, i int, prefix, frame string,
 		return nil, fmt.Errorf("flooder %d: hello: %w", i, err)
 	}
 	f := &flooder{conn: conn, topic: prefix + ":flood:" + strconv.Itoa(i), frame: frame, size: size,
-		readerDone: make(chan struct{}), closeCode: -1}
+		readerDone: make(chan struct{}), writerDone: make(chan struct{}), closeCode: -1}
 	go f.read()
 	return f, nil
 }
@@ -227,6 +229,7 @@ func (f *flooder) appendFrame(dst []byte, n int64) []byte {
 // closed or the connection ends. Like the publisher it sends on each tick
 // what is due since the start, and gives up catching up beyond a second.
 func (f *flooder) flood(rate float64, stop <-chan struct{}) {
+	defer close(f.writerDone)
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
 	start := time.Now()
@@ -279,6 +282,7 @@ type floodJSON struct {
 	FloodCloseCode  int     `json:"flood_close_code,omitempty"`
 	FloodFirstClose float64 `json:"flood_first_close_s,omitempty"` // after the flood started
 	FloodEnded      int     `json:"flood_ended"`                   // flooders whose connection broke otherwise
+	FloodBlocked    int     `json:"flood_blocked"`                 // flooders the server had stopped reading when the flood stopped
 	FloodFirstEnd   string  `json:"flood_first_end,omitempty"`
 }
 
@@ -320,7 +324,15 @@ func (r *floodRun) start() {
 	}
 }
 
-// halt stops flooding and waits for the writers.
+// haltGrace is how long halt waits for a flooder's last write before it
+// takes the server to have stopped reading it.
+const haltGrace = 200 * time.Millisecond
+
+// halt stops flooding and waits for the writers. A writer still waiting in
+// a write after haltGrace is one the server stopped reading (it pauses a
+// flooding session's reads, and the kernel frees a full socket buffer in
+// large steps): its connection is closed, and the flooder counted as
+// blocked.
 func (r *floodRun) halt() {
 	select {
 	case <-r.stop:
@@ -328,8 +340,27 @@ func (r *floodRun) halt() {
 	default:
 	}
 	close(r.stop)
-	r.wg.Wait()
 	r.end = time.Now()
+	grace := time.NewTimer(haltGrace)
+	defer grace.Stop()
+	expired := false
+	for _, f := range r.fs {
+		if !expired {
+			select {
+			case <-f.writerDone:
+				continue
+			case <-grace.C:
+				expired = true
+			}
+		}
+		select {
+		case <-f.writerDone:
+		default:
+			f.blocked.Store(true)
+			f.conn.CloseNow()
+		}
+	}
+	r.wg.Wait()
 }
 
 // close halts the flood and closes every flooder's connection.
@@ -380,6 +411,8 @@ func (r *floodRun) result(wait time.Duration) floodJSON {
 			if s := round(f.closedAt.Sub(start).Seconds(), 3); j.FloodCloseCode == 0 || s < j.FloodFirstClose {
 				j.FloodCloseCode, j.FloodFirstClose = int(f.closeCode), s
 			}
+		} else if f.blocked.Load() {
+			j.FloodBlocked++
 		} else if f.endErr != nil {
 			j.FloodEnded++
 			if j.FloodFirstEnd == "" {
@@ -415,6 +448,9 @@ func (j floodJSON) print(w io.Writer) {
 		fmt.Fprintf(w, "             %d closed by the server, first with %d after %.2fs\n", j.FloodClosed, j.FloodCloseCode, j.FloodFirstClose)
 	} else {
 		fmt.Fprintf(w, "             none closed by the server\n")
+	}
+	if j.FloodBlocked > 0 {
+		fmt.Fprintf(w, "             %d still blocked in a write when the flood stopped (the server had paused reading them)\n", j.FloodBlocked)
 	}
 	if j.FloodEnded > 0 {
 		fmt.Fprintf(w, "             %d connections ended otherwise; first: %s\n", j.FloodEnded, j.FloodFirstEnd)
