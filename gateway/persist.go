@@ -203,7 +203,7 @@ func (srv *Server) acquireTailer(ctx context.Context, topic string) (*tailer, er
 	t := &tailer{topic: topic, refs: 1, published: info.Tail, cancel: cancel}
 	srv.tailers[topic] = t
 	srv.metrics.tailers.Inc()
-	srv.wg.Go(func() { srv.tail(tctx, t, info.Tail) })
+	srv.wg.Go(func() { srv.tail(tctx, t, info.Tail, info.CreatedAt) })
 	return t, nil
 }
 
@@ -219,14 +219,13 @@ func (srv *Server) releaseTailer(t *tailer) {
 }
 
 // tail hands every record after `after` to the transport, in order, until
-// ctx ends.
-func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
+// ctx ends. created is when the stream tailed was made: a stream deleted
+// (over HTTP, or by its TTL) and perhaps made anew is a different log whose
+// offsets start again, so the tailer resets (see resetTail) rather than
+// wait at offsets of the old one or read the new one from the middle.
+func (srv *Server) tail(ctx context.Context, t *tailer, after string, created time.Time) {
 	log := srv.log.With("topic", t.topic)
-	retry := func(what string, err error) bool {
-		if ctx.Err() != nil {
-			return false
-		}
-		log.Warn("persisted topic: "+what+" failed; retrying", "err", err)
+	pause := func() bool {
 		tm := time.NewTimer(tailRetry)
 		defer tm.Stop()
 		select {
@@ -236,16 +235,73 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 			return true
 		}
 	}
+	retry := func(what string, err error) bool {
+		if ctx.Err() != nil {
+			return false
+		}
+		log.Warn("persisted topic: "+what+" failed; retrying", "err", err)
+		return pause()
+	}
+	// replaced reports whether the stream is not the one tailed any more
+	// (deleted, expired, or made anew), and then resets to what is there
+	// now: created is the new stream's, or zero while there is none.
+	replaced := func(err error) bool {
+		if err != nil && !errors.Is(err, storage.ErrNotFound) && !errors.Is(err, storage.ErrGone) &&
+			!errors.Is(err, storage.ErrBadRequest) {
+			return false
+		}
+		info, herr := srv.cfg.Log.Head(ctx, t.topic)
+		switch {
+		case errors.Is(herr, storage.ErrNotFound) || errors.Is(herr, storage.ErrGone):
+			info = storage.Info{}
+		case herr != nil:
+			return false
+		}
+		if info.CreatedAt.Equal(created) {
+			return false
+		}
+		if created.IsZero() {
+			// Made after the reset that found none: read from its start.
+			created = info.CreatedAt
+			return false
+		}
+		log.Warn("persisted topic: its stream was deleted or made anew; subscribers start again from a snapshot",
+			"exists", !info.CreatedAt.IsZero())
+		srv.streams.Delete(t.topic)
+		srv.resetTail(ctx, t)
+		after, created = storage.ZeroOffset, info.CreatedAt
+		return true
+	}
 	var body []byte
 	for {
-		if err := srv.cfg.Log.Wait(ctx, t.topic, after); err != nil {
+		err := srv.cfg.Log.Wait(ctx, t.topic, after)
+		if ctx.Err() != nil {
+			return
+		}
+		if replaced(err) {
+			continue
+		}
+		if err != nil {
+			if created.IsZero() && (errors.Is(err, storage.ErrNotFound) || errors.Is(err, storage.ErrGone)) {
+				// No stream since the last reset: look again later.
+				if pause() {
+					continue
+				}
+				return
+			}
 			if retry("wait", err) {
 				continue
 			}
 			return
 		}
 		res, err := srv.cfg.Log.Read(ctx, t.topic, after, replayPage)
+		if ctx.Err() != nil {
+			return
+		}
 		if err != nil {
+			if replaced(err) {
+				continue
+			}
 			if retry("read", err) {
 				continue
 			}
@@ -279,6 +335,36 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 		mu.Unlock()
 		after = res.Next
 	}
+}
+
+// logResetMark starts a message the tailer hands to the transport when the
+// topic's stream was replaced: JSON never starts with it, so a subscription
+// tells it from a patch body (Deliver) without decoding.
+const logResetMark = 0
+
+// resetTail moves t to the start of the topic's current stream, and tells
+// every subscription: each answers with X_CURSOR_EXPIRED and a snapshot at
+// the start (logReset), and then gets the new stream's records live.
+func (srv *Server) resetTail(ctx context.Context, t *tailer) {
+	mu := srv.seq.stripe(t.topic)
+	mu.Lock()
+	defer mu.Unlock()
+	t.published = storage.ZeroOffset
+	if err := srv.transport.Publish(ctx, t.topic, []byte{logResetMark}); err != nil {
+		srv.log.Warn("persisted topic: fanout failed", "topic", t.topic, "err", err)
+	}
+}
+
+// logReset answers a reset of the subscription's topic log (resetTail).
+// A subscription still replaying is not held back for it: its replay ends
+// at the old log's end (or fails and closes the session).
+func (sub *subscription) logReset() {
+	s := sub.s
+	s.srv.metrics.resumes[resumeExpired].Inc()
+	s.sendError(frames.NewError(frames.CodeCursorExpired, sub.sid,
+		"topic "+quote(sub.topic)+"'s log was deleted or made anew; what was published to it since your last patch may be lost",
+		"treat messages after your cursor as lost; the snapshot that follows starts the subscription afresh"))
+	s.sendSnapshot(sub.sid, sub.topic, storage.ZeroOffset)
 }
 
 // replay is a replaying subscription's state.

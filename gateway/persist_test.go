@@ -545,3 +545,80 @@ func TestPersisted_CursorAheadOfTheTailer(t *testing.T) {
 		t.Fatalf("next insert %s, want the live record %s (nothing twice)", op.LSN, live.Offset)
 	}
 }
+
+// A persisted topic's stream deleted over HTTP while it has subscribers,
+// then made anew with records in it: each subscriber is told
+// (X_CURSOR_EXPIRED and a snapshot at the new log's start) and then gets
+// the new log's records, over HTTP and WebSocket alike, instead of waiting
+// at offsets of the old one.
+func TestPersisted_StreamDeletedAndMadeAnew(t *testing.T) {
+	t.Parallel()
+	n := startPersistNode(t, t.TempDir())
+	sub := gwtest.Dial(t, n.url, nil)
+	sub.Hello("", 0)
+	sub.Subscribe("s", "chat:gone")
+	pub := gwtest.Dial(t, n.url, nil)
+	pub.Hello("", 0)
+	for i := range 3 {
+		if ack := pub.Publish(fmt.Sprint("k", i), int64(i), "chat:gone", fmt.Sprint(i)); ack.Error != nil {
+			t.Fatalf("publish %d: %+v", i, ack.Error)
+		}
+	}
+	old := collect(t, sub, "s", 3)
+
+	do := func(method, body string) {
+		t.Helper()
+		req, err := http.NewRequest(method, n.ts.URL+"/v1/stream/chat:gone", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode/100 != 2 {
+			t.Fatalf("%s: %s", method, resp.Status)
+		}
+	}
+	do(http.MethodDelete, "")
+	ack := gwtest.Expect[*frames.Ack](sub)
+	if ack.Ref != "s" || ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
+		t.Fatalf("after the delete: ack %+v, want X_CURSOR_EXPIRED for s", ack)
+	}
+	if snap := gwtest.Expect[*frames.Snapshot](sub); snap.SID != "s" || snap.Cursor.LSN != storage.ZeroOffset {
+		t.Fatalf("after the delete: snapshot %+v, want one at %s", snap, storage.ZeroOffset)
+	}
+
+	// Made anew with one record over HTTP (its offset is the old log's
+	// first), then a WebSocket publish: both arrive, in the new log's order.
+	do(http.MethodPut, "")
+	do(http.MethodPost, `{"from":"backend"}`)
+	ack = pub.Publish("k3", 3, "chat:gone", `"ws"`)
+	if ack.Error != nil {
+		t.Fatalf("publish after the recreate: %+v", ack.Error)
+	}
+	ops := collect(t, sub, "s", 2)
+	if ops[0].LSN != old[0].LSN || rowData(t, ops[0]) != `{"from":"backend"}` ||
+		ops[1].LSN != *ack.LSN || rowData(t, ops[1]) != `"ws"` {
+		t.Fatalf("new log's records arrived as %+v (old log's first at %s)", ops, old[0].LSN)
+	}
+
+	// Deleted and made anew at once, before the tailer may have seen the
+	// gap: one reset all the same, then the new record.
+	do(http.MethodDelete, "")
+	do(http.MethodPut, "")
+	do(http.MethodPost, `{"again":true}`)
+	ack = gwtest.Expect[*frames.Ack](sub)
+	if ack.Ref != "s" || ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
+		t.Fatalf("after the quick recreate: ack %+v, want X_CURSOR_EXPIRED for s", ack)
+	}
+	gwtest.Expect[*frames.Snapshot](sub)
+	if op := collect(t, sub, "s", 1)[0]; op.LSN != old[0].LSN || rowData(t, op) != `{"again":true}` {
+		t.Fatalf("after the quick recreate: %+v", op)
+	}
+	if m := n.scrape(t); !strings.Contains(m, `syncgate_resumes_total{outcome="expired"} 2`) {
+		t.Fatalf("resets not counted:\n%s", grepLines(m, "syncgate_resumes_total"))
+	}
+}
