@@ -38,6 +38,8 @@ type config struct {
 	JWTKeys     string // path of the PEM or JWKS public key file
 	JWTAudience string
 	JWTIssuer   string
+	JWTLeeway   time.Duration // auth.Config.Leeway: negative means none
+	MaxToken    int
 	Insecure    bool // anonymous mode on a non-loopback address
 	TLSCert     string
 	TLSKey      string
@@ -226,6 +228,27 @@ var settings = []setting{
 		func(c *config, v string) error { c.JWTAudience = v; return nil }},
 	{"jwt-issuer", "SYNCGATE_JWT_ISSUER", "", "if set, a token's iss must equal it",
 		func(c *config, v string) error { c.JWTIssuer = v; return nil }},
+	{"jwt-leeway", "SYNCGATE_JWT_LEEWAY", "10s", "clock skew allowed when checking a token's exp, nbf and iat (0s: none; at most 5m)",
+		func(c *config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 || d > 5*time.Minute {
+				return fmt.Errorf("want a duration from 0s to 5m, got %q", v)
+			}
+			c.JWTLeeway = d
+			if d == 0 {
+				c.JWTLeeway = -1 // auth.Config: zero is its default, negative none
+			}
+			return nil
+		}},
+	{"max-token", "SYNCGATE_MAX_TOKEN", "8192", "largest hello token in bytes; a longer one is refused (X_BAD_TOKEN) before it is parsed",
+		func(c *config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 256 || n > 1<<20 {
+				return fmt.Errorf("want a number of bytes from 256 to 1048576, got %q", v)
+			}
+			c.MaxToken = n
+			return nil
+		}},
 	{"insecure", "SYNCGATE_INSECURE", "false", "without jwt-secret or jwt-keys (anonymous dev mode), listen on a non-loopback address and answer any Host anyway",
 		func(c *config, v string) error {
 			b, err := strconv.ParseBool(v)

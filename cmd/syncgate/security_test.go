@@ -79,7 +79,7 @@ func TestRun_TLSAndTokens(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-data-dir", t.TempDir(), "-tls-cert", certFile, "-tls-key", keyFile,
-			"-drain-spread", "0s", "-log-level", "debug"},
+			"-drain-spread", "0s", "-log-level", "debug", "-jwt-leeway", "0s", "-max-token", "512"},
 			env(map[string]string{"SYNCGATE_JWT_SECRET": testJWTSecret}), out, logs)
 	}()
 	addr := awaitListening(t, out, done)
@@ -95,11 +95,16 @@ func TestRun_TLSAndTokens(t *testing.T) {
 			t.Errorf("plain http on the TLS listener: %d", resp.StatusCode)
 		}
 	}
-	token, err := jwt.NewWithClaims(jwt.SigningMethodHS256, auth.Claims{RegisteredClaims: jwt.RegisteredClaims{
-		Subject: "u1", ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))}}).SignedString([]byte(testJWTSecret))
-	if err != nil {
-		t.Fatal(err)
+	sign := func(c auth.Claims) string {
+		t.Helper()
+		tok, err := jwt.NewWithClaims(jwt.SigningMethodHS256, c).SignedString([]byte(testJWTSecret))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
 	}
+	token := sign(auth.Claims{RegisteredClaims: jwt.RegisteredClaims{
+		Subject: "u1", ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))}})
 	hello := func(tok string) frames.Frame {
 		dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer dcancel()
@@ -130,6 +135,19 @@ func TestRun_TLSAndTokens(t *testing.T) {
 	}
 	if a, ok := hello(token + "x").(*frames.Ack); !ok || a.Error == nil || a.Error.Code != frames.CodeTokenRejected && a.Error.Code != frames.CodeBadToken {
 		t.Fatalf("bad token: %+v", a)
+	}
+	// -max-token 512: a well-signed token over it is refused unparsed.
+	big := sign(auth.Claims{RegisteredClaims: jwt.RegisteredClaims{Subject: strings.Repeat("u", 400),
+		ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))}})
+	if a, ok := hello(big).(*frames.Ack); !ok || a.Error == nil || a.Error.Code != frames.CodeBadToken {
+		t.Fatalf("%d-byte token: %+v", len(big), a)
+	}
+	// -jwt-leeway 0s: expired 3 s ago is expired (the default 10 s
+	// leeway would take it).
+	stale := sign(auth.Claims{RegisteredClaims: jwt.RegisteredClaims{Subject: "u1",
+		ExpiresAt: jwt.NewNumericDate(time.Now().Add(-3 * time.Second))}})
+	if a, ok := hello(stale).(*frames.Ack); !ok || a.Error == nil || a.Error.Code != frames.CodeTokenExpired {
+		t.Fatalf("token expired 3s ago: %+v", a)
 	}
 	cancel()
 	if err := <-done; err != nil {

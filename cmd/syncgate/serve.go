@@ -128,7 +128,8 @@ func setVerifier(cfg *config, log *slog.Logger) error {
 		log.Warn(msg, "addr", cfg.Addr)
 		return nil
 	}
-	ac := auth.Config{Secret: []byte(cfg.JWTSecret), Audience: cfg.JWTAudience, Issuer: cfg.JWTIssuer}
+	ac := auth.Config{Secret: []byte(cfg.JWTSecret), Audience: cfg.JWTAudience, Issuer: cfg.JWTIssuer,
+		Leeway: cfg.JWTLeeway, MaxTokenBytes: cfg.MaxToken}
 	if cfg.JWTKeys != "" {
 		b, err := os.ReadFile(cfg.JWTKeys)
 		if err != nil {
