@@ -132,15 +132,15 @@ func New(cfg Config) (*Server, error) {
 	})
 	mux.HandleFunc("GET /readyz", s.serveReady)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	if cfg.Log != nil {
-		mux.Handle("/v1/stream/", s.streamHandler())
-	}
 	if cfg.AdminToken != "" {
 		s.addAdminRoutes(mux)
 	}
 	s.handler = mux
+	if cfg.Log != nil {
+		s.handler = streamsFirst(s.streamHandler(), mux)
+	}
 	if cfg.Verifier == nil && !cfg.Insecure {
-		s.handler = loopbackOnly(mux)
+		s.handler = loopbackOnly(s.handler)
 	}
 
 	s.wg.Go(s.sweepLoop)

@@ -58,6 +58,20 @@ const (
 	corsExposeHeaders = "Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, Stream-TTL, Stream-Expires-At, Stream-SSE-Data-Encoding, Producer-Epoch, Producer-Seq, Producer-Expected-Seq, Producer-Received-Seq, ETag, Content-Type, Location"
 )
 
+// streamsFirst sends every request under streamPrefix to streams and the
+// rest to mux. http.ServeMux cleans paths, answering "a//b" or "a/../b"
+// with a redirect to another name; a stream name is taken as it is sent
+// (streamName), so stream requests never go through the mux.
+func streamsFirst(streams, mux http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.EscapedPath(), streamPrefix) {
+			streams.ServeHTTP(w, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
 // streamHandler serves the Durable Streams protocol over s.cfg.Log.
 func (s *Server) streamHandler() http.Handler {
 	return http.HandlerFunc(s.serveStream)

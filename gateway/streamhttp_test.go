@@ -816,3 +816,23 @@ func TestStreamHTTP_SSEKeepAlive(t *testing.T) {
 		}
 	}
 }
+
+// A stream name is taken as sent: "a//b" and "x/../y" are names of their
+// own, not paths the server cleans and redirects to another stream.
+func TestStreamHTTP_NamesAreNotCleaned(t *testing.T) {
+	t.Parallel()
+	s := newStreamServer(t, gateway.Config{})
+	for _, tc := range []struct{ name, cleaned string }{
+		{"a//b", "a/b"},
+		{"x/../y", "y"},
+		{"./z", "z"},
+		{"w/", "w"},
+	} {
+		p := "/v1/stream/" + tc.name
+		s.do(t, "PUT", p, hdr("Content-Type", "text/plain"), tc.name).want(t, 201).
+			wantHeader(t, "Location", s.base+p).
+			wantHeader(t, "X-Content-Type-Options", "nosniff")
+		s.do(t, "GET", p, nil, "").want(t, 200).wantBody(t, tc.name)
+		s.do(t, "GET", "/v1/stream/"+tc.cleaned, nil, "").want(t, 404)
+	}
+}
