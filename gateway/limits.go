@@ -42,10 +42,12 @@ const rateLimitAnswerEvery = 100 * time.Millisecond
 // rateLimitAnswerEvery.
 const floodReadShare = 10
 
-// maxReadPause bounds one pause of a flooding session's reader, so that a
-// message packed with refused frames cannot stall it for longer; a client
-// that keeps it up is paused again and again until RateLimitClose.
-const maxReadPause = time.Second
+// maxReadPause bounds one pause of a flooding session's reader and the debt
+// of refused frames it may owe, so that a message packed with refused
+// frames cannot stall it for longer. It is well under the second without a
+// refusal that ends a run: a client that keeps it up is paused again and
+// again, its run goes on, and RateLimitClose closes it.
+const maxReadPause = 500 * time.Millisecond
 
 // floodState is what a session that was once over its rate keeps: made by
 // the reader at the first refused frame, so a session that never floods
@@ -97,7 +99,13 @@ func (s *session) rateLimited(line []byte, now time.Time) time.Duration {
 		f = &floodState{lim: rate.NewLimiter(s.lim.Limit()/floodReadShare, max(1, s.lim.Burst()/floodReadShare)), wake: make(chan struct{})}
 		s.flood.Store(f)
 	}
-	return min(f.lim.ReserveN(now, 1).DelayFrom(now), maxReadPause)
+	r := f.lim.ReserveN(now, 1)
+	d := r.DelayFrom(now)
+	if d > maxReadPause {
+		r.CancelAt(now) // the debt stays within one pause
+		d = maxReadPause
+	}
+	return d
 }
 
 // pauseReading waits d before the reader's next read, or until the session

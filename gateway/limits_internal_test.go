@@ -7,10 +7,12 @@ import (
 )
 
 // A refused frame past the refused-frames burst asks the reader to pause
-// for one token's time (capped at maxReadPause), and a paused reader
-// returns as soon as its session closes.
+// for one token's time, capped at maxReadPause along with the debt; and a
+// paused reader returns as soon as its session closes.
 func TestPauseReading_WakesOnClose(t *testing.T) {
-	srv, err := New(Config{FrameRate: 0.5, FrameBurst: 1, RateLimitClose: -1})
+	// Refused frames are read at 10/floodReadShare = 1 per second, one at
+	// once.
+	srv, err := New(Config{FrameRate: 10, FrameBurst: 10, RateLimitClose: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -19,16 +21,24 @@ func TestPauseReading_WakesOnClose(t *testing.T) {
 	s.q.writing = true // no writer goroutine: answers stay queued
 
 	now := time.Now()
-	if !s.allowFrame(now) || s.allowFrame(now) {
-		t.Fatal("a bucket of one should take one frame and refuse the next")
+	for range 10 {
+		if !s.allowFrame(now) {
+			t.Fatal("the burst refused a frame")
+		}
+	}
+	if s.allowFrame(now) {
+		t.Fatal("a frame past the burst was let through")
 	}
 	line := []byte(`{"type":"subscribe","v":1}`)
 	if d := s.rateLimited(line, now); d != 0 {
-		t.Fatalf("first refused frame: pause %v, want none (the burst)", d)
+		t.Fatalf("first refused frame: pause %v, want none (its burst)", d)
 	}
-	s.allowFrame(now)
 	if d := s.rateLimited(line, now); d != maxReadPause {
-		t.Fatalf("second refused frame: pause %v, want %v (2s of debt, capped)", d, maxReadPause)
+		t.Fatalf("second refused frame: pause %v, want %v (1s, capped)", d, maxReadPause)
+	}
+	// The capped frame left no debt: a second on, a token is there again.
+	if d := s.rateLimited(line, now.Add(time.Second)); d != 0 {
+		t.Fatalf("refused frame a second later: pause %v, want none", d)
 	}
 
 	done := make(chan struct{})

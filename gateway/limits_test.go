@@ -155,25 +155,33 @@ func metricValue(t testing.TB, metrics, name string) float64 {
 	return 0
 }
 
-// A session that stays over its rate for RateLimitClose is closed 1008.
+// A session that stays over its rate for RateLimitClose is closed 1008,
+// whether it sends a frame per message or packs many frames into each
+// (which makes the reader pause as long as it may between messages).
 func TestLimits_SustainedAbuseCloses1008(t *testing.T) {
 	t.Parallel()
-	srv := newTestServer(t, gateway.Config{FrameRate: 10, FrameBurst: 10, RateLimitClose: 200 * time.Millisecond})
-	c := gwtest.Dial(t, srv.url, nil)
-	c.Hello("", 0)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		ctx, cancel := context.WithTimeout(context.Background(), gwtest.Timeout)
-		defer cancel()
-		for ctx.Err() == nil {
-			if c.C.Write(ctx, websocket.MessageText, []byte(dropFrame)) != nil {
-				return
-			}
-		}
-	}()
-	c.ExpectClose(websocket.StatusPolicyViolation)
-	<-done
+	for _, perMessage := range []int{1, 400} {
+		t.Run(fmt.Sprintf("frames per message %d", perMessage), func(t *testing.T) {
+			t.Parallel()
+			srv := newTestServer(t, gateway.Config{FrameRate: 100, FrameBurst: 100, RateLimitClose: 1500 * time.Millisecond})
+			c := gwtest.Dial(t, srv.url, nil)
+			c.Hello("", 0)
+			msg := []byte(strings.TrimSuffix(strings.Repeat(dropFrame+"\n", perMessage), "\n"))
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				ctx, cancel := context.WithTimeout(context.Background(), gwtest.Timeout)
+				defer cancel()
+				for ctx.Err() == nil {
+					if c.C.Write(ctx, websocket.MessageText, msg) != nil {
+						return
+					}
+				}
+			}()
+			c.ExpectClose(websocket.StatusPolicyViolation)
+			<-done
+		})
+	}
 }
 
 // MaxSessionsPerIP counts each client address apart: a third session from

@@ -308,9 +308,14 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string, created ti
 			return
 		}
 		if len(res.Records) == 0 {
-			if res.Closed { // closed over HTTP: nothing more will come
-				<-ctx.Done()
-				return
+			// Closed over HTTP: nothing more will come unless the
+			// stream is deleted (and made anew), which Wait, returning
+			// at once on a closed stream, cannot wait for.
+			if res.Closed {
+				if !pause() {
+					return
+				}
+				replaced(nil) // a fresh Wait would take a new stream for the old
 			}
 			continue
 		}
@@ -355,9 +360,9 @@ func (srv *Server) resetTail(ctx context.Context, t *tailer) {
 	}
 }
 
-// logReset answers a reset of the subscription's topic log (resetTail).
-// A subscription still replaying is not held back for it: its replay ends
-// at the old log's end (or fails and closes the session).
+// logReset answers a reset of the subscription's topic log (resetTail);
+// a replaying subscription answers it when its replayer gets to it
+// (holdReset, runReplay).
 func (sub *subscription) logReset() {
 	s := sub.s
 	s.srv.metrics.resumes[resumeExpired].Inc()
@@ -373,6 +378,7 @@ type replay struct {
 	active  bool               // guarded by mu: live patches are held, not queued
 	held    []outItem          // guarded by mu
 	lost    bool               // guarded by mu: held overflowed and was discarded
+	reset   bool               // guarded by mu: the topic's log was replaced (resetTail); held is the new log's
 	cancel  context.CancelFunc // set before the replayer starts
 	done    chan struct{}      // closed when the replayer returns
 	tailer  *tailer
@@ -395,6 +401,29 @@ func (r *replay) hold(it outItem) bool {
 		r.held = append(r.held, it)
 	}
 	return true
+}
+
+// holdReset records a reset of the topic's log (resetTail) while the
+// subscription replays: what was held came from the old log and is
+// dropped, and the replayer starts again from the new log's start
+// (runReplay). It reports false once the subscription is live.
+func (r *replay) holdReset() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.active {
+		return false
+	}
+	r.held, r.lost, r.reset = nil, false, true
+	return true
+}
+
+// takeReset reports and clears a reset recorded by holdReset.
+func (r *replay) takeReset() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	was := r.reset
+	r.reset = false
+	return was
 }
 
 // stop ends the replayer and waits for it.
@@ -487,9 +516,20 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, after string
 		expired("offset " + quote(after) + " is not a position in topic " + quote(sub.topic) + "'s log")
 		first, after = false, through
 	}
+	// The log replaced while replaying (resetTail): the client is told as a
+	// live subscriber would be, and the replay goes on in the new log from
+	// its start, where the tailer then was.
+	onReset := func() {
+		sub.logReset()
+		first, after, through = false, storage.ZeroOffset, storage.ZeroOffset
+	}
 	ops := make([]frames.PatchOp, 0, 64)
 	for {
 		for after < through {
+			if r.takeReset() {
+				onReset()
+				continue
+			}
 			res, err := srv.cfg.Log.Read(ctx, sub.topic, after, replayPage)
 			switch {
 			case ctx.Err() != nil:
@@ -497,6 +537,11 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, after string
 			case errors.Is(err, storage.ErrGone) && first:
 				expired("offset " + quote(after) + " is older than what topic " + quote(sub.topic) + " keeps (retention)")
 				first, after = false, through
+				continue
+			case errors.Is(err, storage.ErrNotFound) || errors.Is(err, storage.ErrGone) || errors.Is(err, storage.ErrBadRequest):
+				// Deleted, or made anew shorter, since the replay began:
+				// the tailer's reset follows, held or live.
+				after = through
 				continue
 			case err != nil:
 				s.log().Warn("replay failed", "topic", sub.topic, "err", err)
@@ -544,6 +589,13 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, after string
 		}
 		mu.Lock()
 		r.mu.Lock()
+		if r.reset {
+			r.reset = false
+			r.mu.Unlock()
+			mu.Unlock()
+			onReset()
+			continue
+		}
 		if r.lost {
 			r.lost, r.held = false, nil
 			through = r.tailer.published

@@ -35,13 +35,19 @@ func startPersistNode(t *testing.T, dir string) *persistNode {
 	return startPersistNodeWith(t, dir, nil)
 }
 
-func startPersistNodeWith(t *testing.T, dir string, opts *storage.Options) *persistNode {
+// startPersistNodeWith starts a node on a log opened with opts; tweak, if
+// any, adjusts the gateway's configuration.
+func startPersistNodeWith(t *testing.T, dir string, opts *storage.Options, tweak ...func(*gateway.Config)) *persistNode {
 	t.Helper()
 	db, err := storage.Open(filepath.Join(dir, "log.db"), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	gw, err := gateway.New(gateway.Config{Log: db, Persist: []string{"chat:*"}, LongPollTimeout: 500 * time.Millisecond})
+	cfg := gateway.Config{Log: db, Persist: []string{"chat:*"}, LongPollTimeout: 500 * time.Millisecond}
+	for _, f := range tweak {
+		f(&cfg)
+	}
+	gw, err := gateway.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -566,22 +572,7 @@ func TestPersisted_StreamDeletedAndMadeAnew(t *testing.T) {
 	}
 	old := collect(t, sub, "s", 3)
 
-	do := func(method, body string) {
-		t.Helper()
-		req, err := http.NewRequest(method, n.ts.URL+"/v1/stream/chat:gone", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode/100 != 2 {
-			t.Fatalf("%s: %s", method, resp.Status)
-		}
-	}
+	do := func(method, body string) { streamRequest(t, n, method, "chat:gone", body) }
 	do(http.MethodDelete, "")
 	ack := gwtest.Expect[*frames.Ack](sub)
 	if ack.Ref != "s" || ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
@@ -618,7 +609,125 @@ func TestPersisted_StreamDeletedAndMadeAnew(t *testing.T) {
 	if op := collect(t, sub, "s", 1)[0]; op.LSN != old[0].LSN || rowData(t, op) != `{"again":true}` {
 		t.Fatalf("after the quick recreate: %+v", op)
 	}
-	if m := n.scrape(t); !strings.Contains(m, `syncgate_resumes_total{outcome="expired"} 2`) {
+
+	// Closed over HTTP, then deleted and made anew: the tailer of a closed
+	// stream still notices.
+	req, err := http.NewRequest(http.MethodPost, n.ts.URL+"/v1/stream/chat:gone", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Stream-Closed", "true")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("close: %s", resp.Status)
+	}
+	do(http.MethodDelete, "")
+	do(http.MethodPut, "")
+	do(http.MethodPost, `{"third":true}`)
+	if ack = gwtest.Expect[*frames.Ack](sub); ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
+		t.Fatalf("after the closed stream was made anew: ack %+v, want X_CURSOR_EXPIRED", ack)
+	}
+	gwtest.Expect[*frames.Snapshot](sub)
+	if op := collect(t, sub, "s", 1)[0]; rowData(t, op) != `{"third":true}` {
+		t.Fatalf("after the closed stream was made anew: %+v", op)
+	}
+	if m := n.scrape(t); !strings.Contains(m, `syncgate_resumes_total{outcome="expired"} 3`) {
 		t.Fatalf("resets not counted:\n%s", grepLines(m, "syncgate_resumes_total"))
+	}
+}
+
+// streamRequest sends an HTTP request for topic's stream, with a JSON body,
+// and fails the test unless it succeeds.
+func streamRequest(t *testing.T, n *persistNode, method, topic, body string) {
+	t.Helper()
+	req, err := http.NewRequest(method, n.ts.URL+"/v1/stream/"+topic, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("%s %s: %s", method, topic, resp.Status)
+	}
+}
+
+// A subscription still replaying its backlog when the stream is deleted
+// and made anew: the client gets part of the old log, then X_CURSOR_EXPIRED
+// and a snapshot at the new log's start, then every record of the new log,
+// none skipped (the replayer does not read the new log at old offsets).
+func TestPersisted_ResetWhileReplaying(t *testing.T) {
+	t.Parallel()
+	n := startPersistNodeWith(t, t.TempDir(), nil, func(c *gateway.Config) { c.SendQueueBytes = 1 << 20 })
+	const topic = "chat:replayreset"
+	// A backlog far larger than the socket buffers and the send queue, so
+	// that a replay to a client that does not read stalls in it.
+	pad := strings.Repeat("x", 2000)
+	streamRequest(t, n, http.MethodPut, topic, "")
+	for range 10 {
+		var b strings.Builder
+		b.WriteByte('[')
+		for i := range 1000 {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, `{"old":%d,"pad":"%s"}`, i, pad)
+		}
+		b.WriteByte(']')
+		streamRequest(t, n, http.MethodPost, topic, b.String())
+	}
+	live := gwtest.Dial(t, n.url, nil)
+	live.Hello("", 0)
+	live.Subscribe("l", topic)
+	r := gwtest.Dial(t, n.url, nil)
+	r.Hello("", 0)
+	sendResume(r, "s", topic, storage.ZeroOffset)
+
+	// The replay is stalled now or soon; replace the log under it. The
+	// live subscriber shows when the tailer has reset and read the new log.
+	streamRequest(t, n, http.MethodDelete, topic, "")
+	streamRequest(t, n, http.MethodPut, topic, "")
+	streamRequest(t, n, http.MethodPost, topic, `[{"new":0},{"new":1},{"new":2},{"new":3},{"new":4}]`)
+	if ack := gwtest.Expect[*frames.Ack](live); ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
+		t.Fatalf("live subscriber: %+v", ack)
+	}
+	gwtest.Expect[*frames.Snapshot](live)
+	newOps := collect(t, live, "l", 5)
+
+	if ack := gwtest.Expect[*frames.Ack](r); ack.Ref != "s" || ack.Error != nil {
+		t.Fatalf("resume ack %+v", ack)
+	}
+	gwtest.Expect[*frames.Snapshot](r)
+	old := 0
+	for {
+		f := r.Next()
+		if p, ok := f.(*frames.Patch); ok {
+			old += len(p.Patches)
+			continue
+		}
+		ack, ok := f.(*frames.Ack)
+		if !ok || ack.Ref != "s" || ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
+			t.Fatalf("after %d old records: %T %+v, want X_CURSOR_EXPIRED", old, f, f)
+		}
+		break
+	}
+	if old >= 10000 {
+		t.Fatalf("the whole old log (%d) was replayed: the replay never stalled, so the test proves nothing", old)
+	}
+	if snap := gwtest.Expect[*frames.Snapshot](r); snap.Cursor.LSN != storage.ZeroOffset {
+		t.Fatalf("snapshot after the reset at %s", snap.Cursor.LSN)
+	}
+	got := collect(t, r, "s", 5)
+	for i := range got {
+		if got[i].LSN != newOps[i].LSN || rowData(t, got[i]) != rowData(t, newOps[i]) {
+			t.Fatalf("new record %d: %+v, the live subscriber got %+v", i, got[i], newOps[i])
+		}
 	}
 }

@@ -92,7 +92,9 @@ type subscription struct {
 // Deliver queues a broadcast patch for the session; it never blocks.
 func (sub *subscription) Deliver(m *fanout.Message) {
 	if len(m.Data) == 1 && m.Data[0] == logResetMark {
-		sub.logReset()
+		if sub.replay == nil || !sub.replay.holdReset() {
+			sub.logReset()
+		}
 		return
 	}
 	it := outItem{prefix: sub.prefix, body: m.Data, at: m.At.UnixNano(), kind: idxPatch}

@@ -222,7 +222,8 @@ func copyRecords(out, recs []Record, poss []uint64, total int) {
 
 // Wait blocks until stream name has a record after offset after, or is
 // closed, and then returns nil. It returns [ErrNotFound] or [ErrGone] if
-// the stream is (or becomes) missing, expired or deleted, an error
+// the stream is (or becomes) missing, expired or deleted (also when a
+// stream of the same name was made meanwhile), an error
 // wrapping [ErrBadRequest] for an offset beyond the tail, ctx.Err() when
 // ctx ends, and [ErrClosedDB] when the DB closes. A fork wakes only for
 // its own appends. Wait does not renew a TTL.
@@ -263,6 +264,11 @@ func (db *DB) Wait(ctx context.Context, name, after string) error {
 			return nil
 		}
 		if m.ID != id {
+			if id != 0 {
+				// Deleted and made anew meanwhile: the stream waited
+				// on is gone, and after is not a position in this one.
+				return fmt.Errorf("%w: stream %q was deleted while waiting (and made anew)", ErrNotFound, name)
+			}
 			id = m.ID
 			continue
 		}

@@ -243,6 +243,11 @@ func (f *flooder) flood(rate float64, stop <-chan struct{}) {
 			n += lag - int64(rate)
 		}
 		for ; n < due; n++ {
+			select {
+			case <-stop: // a second's backlog can be long to write
+				return
+			default:
+			}
 			buf = f.appendFrame(buf[:0], n)
 			// No deadline: the server reads whatever the rate; a write
 			// fails once the connection has ended.
@@ -289,8 +294,9 @@ type floodJSON struct {
 // floodRun is the flooders of one bench run.
 type floodRun struct {
 	fl   floodFlags
-	fs   []*flooder
+	fs   []*flooder // nil where a dial failed (only until openFlooders returns)
 	stop chan struct{}
+	ran  bool // start was called
 	wg   sync.WaitGroup
 	end  time.Time
 }
@@ -319,6 +325,7 @@ func (e *benchEnv) openFlooders(ctx context.Context, fl floodFlags, prefix strin
 
 // start starts flooding.
 func (r *floodRun) start() {
+	r.ran = true
 	for _, f := range r.fs {
 		r.wg.Go(func() { f.flood(r.fl.rate(), r.stop) })
 	}
@@ -341,6 +348,9 @@ func (r *floodRun) halt() {
 	}
 	close(r.stop)
 	r.end = time.Now()
+	if !r.ran {
+		return
+	}
 	grace := time.NewTimer(haltGrace)
 	defer grace.Stop()
 	expired := false

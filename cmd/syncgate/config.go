@@ -240,7 +240,7 @@ var settings = []setting{
 			}
 			return nil
 		}},
-	{"max-token", "SYNCGATE_MAX_TOKEN", "8192", "largest hello token in bytes; a longer one is refused (X_BAD_TOKEN) before it is parsed",
+	{"max-token", "SYNCGATE_MAX_TOKEN", "8192", "largest hello token in bytes; a longer one is refused (X_BAD_TOKEN) before it is parsed (a hello over max-frame is closed 1009 first)",
 		func(c *config, v string) error {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 256 || n > 1<<20 {

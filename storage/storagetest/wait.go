@@ -119,6 +119,21 @@ var waitTests = []test{
 		}
 		isErr(t, "soft-deleted", waitFor(t, "soft delete", ch), storage.ErrGone)
 	}},
+	{"DeletedAndMadeAnew", func(t *testing.T, h *h) {
+		// Whether Wait sees the stream missing or already made anew, the
+		// stream it waited on is gone: never a wait on the new one at
+		// the old one's offset.
+		h.create("s", storage.CreateOptions{})
+		h.append("s", "a")
+		ch := waitAsync(h.ctx, h.l, "s", off(1))
+		notYet(t, "before delete", ch)
+		if err := h.l.Delete(h.ctx, "s"); err != nil {
+			t.Fatal(err)
+		}
+		h.create("s", storage.CreateOptions{})
+		h.append("s", "x")
+		isErr(t, "made anew", waitFor(t, "delete and create", ch), storage.ErrNotFound)
+	}},
 	{"Context", func(t *testing.T, h *h) {
 		h.create("s", storage.CreateOptions{})
 		ctx, cancel := context.WithCancel(h.ctx)
