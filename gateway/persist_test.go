@@ -612,19 +612,7 @@ func TestPersisted_StreamDeletedAndMadeAnew(t *testing.T) {
 
 	// Closed over HTTP, then deleted and made anew: the tailer of a closed
 	// stream still notices.
-	req, err := http.NewRequest(http.MethodPost, n.ts.URL+"/v1/stream/chat:gone", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Stream-Closed", "true")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		t.Fatalf("close: %s", resp.Status)
-	}
+	streamRequest(t, n, http.MethodPost, "chat:gone", "", "Stream-Closed", "true")
 	do(http.MethodDelete, "")
 	do(http.MethodPut, "")
 	do(http.MethodPost, `{"third":true}`)
@@ -640,15 +628,19 @@ func TestPersisted_StreamDeletedAndMadeAnew(t *testing.T) {
 	}
 }
 
-// streamRequest sends an HTTP request for topic's stream, with a JSON body,
-// and fails the test unless it succeeds.
-func streamRequest(t *testing.T, n *persistNode, method, topic, body string) {
+// streamRequest sends an HTTP request for topic's stream, with a JSON body
+// and any headers given as name, value pairs, and fails the test unless it
+// succeeds.
+func streamRequest(t *testing.T, n *persistNode, method, topic, body string, header ...string) {
 	t.Helper()
 	req, err := http.NewRequest(method, n.ts.URL+"/v1/stream/"+topic, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
