@@ -26,10 +26,10 @@ import (
 // faster than it is allowed to, so a flood is also read more slowly: the
 // reader takes in refused frames at no more than FrameRate/floodReadShare
 // per second (a second bucket, FrameBurst/floodReadShare deep) and, once
-// that is spent, pauses before its next read until it has a token again. The flood waits in TCP buffers
-// and the client's writes block; the work a session costs the node is
-// bounded by its rate, not by how fast it can send. A client within its
-// rate never pauses. Which of a flood's frames are dropped and which are
+// that is spent, pauses before its next read until it has a token again.
+// The flood waits in TCP buffers and the client's writes block; the work a
+// session costs the node is bounded by its rate, not by how fast it can
+// send. A client within its rate never pauses. Which of a flood's frames are dropped and which are
 // served later is not defined: the session is served FrameRate frames per
 // second on average, FrameBurst at once.
 
