@@ -257,18 +257,19 @@ func (db *DB) Wait(ctx context.Context, name, after string) error {
 		if err := db.live(m, name, db.now()); err != nil {
 			return err
 		}
+		if id != 0 && m.ID != id {
+			// Deleted and made anew meanwhile: the stream waited on is
+			// gone, and after is not a position in this one (checked
+			// before the tail, which may now be behind after).
+			return fmt.Errorf("%w: stream %q was deleted while waiting (and made anew)", ErrNotFound, name)
+		}
 		if pos > m.Tail {
 			return fmt.Errorf("%w: offset %s is beyond the tail %s", ErrBadRequest, after, FormatOffset(m.Tail))
 		}
 		if m.Closed || m.Tail > pos {
 			return nil
 		}
-		if m.ID != id {
-			if id != 0 {
-				// Deleted and made anew meanwhile: the stream waited
-				// on is gone, and after is not a position in this one.
-				return fmt.Errorf("%w: stream %q was deleted while waiting (and made anew)", ErrNotFound, name)
-			}
+		if id == 0 {
 			id = m.ID
 			continue
 		}

@@ -3,6 +3,7 @@ package storagetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -122,17 +123,31 @@ var waitTests = []test{
 	{"DeletedAndMadeAnew", func(t *testing.T, h *h) {
 		// Whether Wait sees the stream missing or already made anew, the
 		// stream it waited on is gone: never a wait on the new one at
-		// the old one's offset.
-		h.create("s", storage.CreateOptions{})
-		h.append("s", "a")
-		ch := waitAsync(h.ctx, h.l, "s", off(1))
-		notYet(t, "before delete", ch)
-		if err := h.l.Delete(h.ctx, "s"); err != nil {
-			t.Fatal(err)
+		// the old one's offset, nor a complaint that the offset is
+		// beyond the new one's tail. Several waiters per round make it
+		// likely that some see each of the two states.
+		for _, refill := range []bool{true, false} {
+			h.create("s", storage.CreateOptions{})
+			h.append("s", "a")
+			chs := make([]<-chan error, 8)
+			for i := range chs {
+				chs[i] = waitAsync(h.ctx, h.l, "s", off(1))
+			}
+			notYet(t, "before delete", chs[0])
+			if err := h.l.Delete(h.ctx, "s"); err != nil {
+				t.Fatal(err)
+			}
+			h.create("s", storage.CreateOptions{})
+			if refill {
+				h.append("s", "x")
+			}
+			for _, ch := range chs {
+				isErr(t, fmt.Sprintf("made anew (refilled %v)", refill), waitFor(t, "delete and create", ch), storage.ErrNotFound)
+			}
+			if err := h.l.Delete(h.ctx, "s"); err != nil {
+				t.Fatal(err)
+			}
 		}
-		h.create("s", storage.CreateOptions{})
-		h.append("s", "x")
-		isErr(t, "made anew", waitFor(t, "delete and create", ch), storage.ErrNotFound)
 	}},
 	{"Context", func(t *testing.T, h *h) {
 		h.create("s", storage.CreateOptions{})
