@@ -92,6 +92,11 @@ type Info struct {
 	Tail         string // offset after the last record; ZeroOffset when empty
 	CreatedAt    time.Time
 
+	// ID tells this stream apart from any other of the same name in the
+	// same database: a stream deleted and made anew gets a new, larger ID.
+	// IDs of different databases are unrelated (pair it with CreatedAt).
+	ID uint64
+
 	// ForkFrom, ForkOffset and ForkSubOffset are as created (ForkOffset
 	// resolved to the concrete offset).
 	ForkFrom      string

@@ -227,6 +227,7 @@ func (m *meta) info() Info {
 		Closed:       m.Closed,
 		Tail:         FormatOffset(m.Tail),
 		CreatedAt:    m.Created,
+		ID:           m.ID,
 	}
 	if m.SrcID != 0 {
 		in.ForkFrom = m.ForkFrom

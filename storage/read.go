@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"time"
 
@@ -228,6 +229,14 @@ func copyRecords(out, recs []Record, poss []uint64, total int) {
 // ctx ends, and [ErrClosedDB] when the DB closes. A fork wakes only for
 // its own appends. Wait does not renew a TTL.
 func (db *DB) Wait(ctx context.Context, name, after string) error {
+	return db.WaitID(ctx, name, after, 0)
+}
+
+// WaitID is Wait on the stream whose [Info].ID is id: if the stream of
+// that name is another (the one with id was deleted, and perhaps made
+// anew) it returns [ErrNotFound] at once or when that happens. An id of 0
+// waits on whichever stream of the name Wait finds first.
+func (db *DB) WaitID(ctx context.Context, name, after string, id uint64) error {
 	if err := db.begin(ctx, name); err != nil {
 		return err
 	}
@@ -241,8 +250,7 @@ func (db *DB) Wait(ctx context.Context, name, after string) error {
 			timer.Stop()
 		}
 	}()
-	var id uint64 // the stream watched; 0 until known
-	for {
+	for { // id: the stream watched; 0 until known
 		var ch <-chan struct{}
 		if id != 0 {
 			// Registered before the meta is read below: a commit it
@@ -252,6 +260,9 @@ func (db *DB) Wait(ctx context.Context, name, after string) error {
 		}
 		m, err := db.metaOf(name)
 		if err != nil {
+			if id != 0 && errors.Is(err, ErrNotFound) {
+				db.wake([]uint64{id}) // deleted: drop the watch just made
+			}
 			return err
 		}
 		if err := db.live(m, name, db.now()); err != nil {
@@ -260,8 +271,10 @@ func (db *DB) Wait(ctx context.Context, name, after string) error {
 		if id != 0 && m.ID != id {
 			// Deleted and made anew meanwhile: the stream waited on is
 			// gone, and after is not a position in this one (checked
-			// before the tail, which may now be behind after).
-			return fmt.Errorf("%w: stream %q was deleted while waiting (and made anew)", ErrNotFound, name)
+			// before the tail, which may now be behind after). IDs never
+			// come back, so the watch on id just made is dropped.
+			db.wake([]uint64{id})
+			return fmt.Errorf("%w: stream %q was deleted (and made anew)", ErrNotFound, name)
 		}
 		if pos > m.Tail {
 			return fmt.Errorf("%w: offset %s is beyond the tail %s", ErrBadRequest, after, FormatOffset(m.Tail))

@@ -57,6 +57,9 @@ var createTests = []test{
 		if in.CreatedAt.IsZero() {
 			t.Fatal("CreatedAt is zero")
 		}
+		if in.ID == 0 {
+			t.Fatal("ID is zero")
+		}
 		res, err := h.l.Read(h.ctx, "s", storage.ZeroOffset, 0)
 		if err != nil {
 			t.Fatal(err)
@@ -65,6 +68,32 @@ var createTests = []test{
 		eq(t, "UpToDate", res.UpToDate, true)
 		eq(t, "Next", res.Next, storage.ZeroOffset)
 		eq(t, "ContentType", res.ContentType, "application/octet-stream")
+	}},
+	{"IDsDiffer", func(t *testing.T, h *h) {
+		// Another stream, or the same name made anew, never shares an ID;
+		// Head and a repeated Create report the stream's own.
+		a := h.create("a", storage.CreateOptions{})
+		b := h.create("b", storage.CreateOptions{})
+		if a.ID == b.ID {
+			t.Fatalf("streams a and b share ID %d", a.ID)
+		}
+		again, created, err := h.l.Create(h.ctx, "a", storage.CreateOptions{})
+		if err != nil || created {
+			t.Fatalf("Create(a) again: created %v, %v", created, err)
+		}
+		eq(t, "ID of a created again", again.ID, a.ID)
+		head, err := h.l.Head(h.ctx, "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		eq(t, "ID from Head", head.ID, a.ID)
+		if err := h.l.Delete(h.ctx, "a"); err != nil {
+			t.Fatal(err)
+		}
+		anew := h.create("a", storage.CreateOptions{})
+		if anew.ID == a.ID || anew.ID == b.ID {
+			t.Fatalf("a made anew has ID %d, as before (a %d, b %d)", anew.ID, a.ID, b.ID)
+		}
 	}},
 	{"Idempotent", func(t *testing.T, h *h) {
 		exp := time.Date(2099, 1, 2, 3, 4, 5, 6e6, time.UTC)

@@ -22,6 +22,7 @@ type Log interface {
 	Append(ctx context.Context, name string, req storage.AppendRequest) (storage.AppendResult, error)
 	Read(ctx context.Context, name, after string, maxBytes int) (storage.ReadResult, error)
 	Wait(ctx context.Context, name, after string) error
+	WaitID(ctx context.Context, name, after string, id uint64) error
 }
 
 // Run runs the contract suite. open returns a fresh, empty Log for each

@@ -149,6 +149,34 @@ var waitTests = []test{
 			}
 		}
 	}},
+	{"WaitID", func(t *testing.T, h *h) {
+		// On the stream it names, WaitID is Wait; on another stream of
+		// the name it answers not found, at once or when it comes to be.
+		old := h.create("s", storage.CreateOptions{})
+		ch := make(chan error, 1)
+		go func() { ch <- h.l.WaitID(h.ctx, "s", storage.ZeroOffset, old.ID) }()
+		notYet(t, "before the append", ch)
+		h.append("s", "a")
+		if err := waitFor(t, "append", ch); err != nil {
+			t.Fatal(err)
+		}
+		go func() { ch <- h.l.WaitID(h.ctx, "s", off(1), old.ID) }()
+		notYet(t, "before the delete", ch)
+		if err := h.l.Delete(h.ctx, "s"); err != nil {
+			t.Fatal(err)
+		}
+		anew := h.create("s", storage.CreateOptions{})
+		h.append("s", "x")
+		isErr(t, "made anew while waiting", waitFor(t, "delete and create", ch), storage.ErrNotFound)
+		// Made anew before the call, at an offset the new one has as its
+		// tail, and at one beyond it: not found, not a wait or a bad offset.
+		for _, o := range []string{off(1), off(2)} {
+			isErr(t, "old ID at "+o, h.l.WaitID(h.ctx, "s", o, old.ID), storage.ErrNotFound)
+		}
+		if err := h.l.WaitID(h.ctx, "s", storage.ZeroOffset, anew.ID); err != nil {
+			t.Fatalf("WaitID on the new stream: %v", err)
+		}
+	}},
 	{"Context", func(t *testing.T, h *h) {
 		h.create("s", storage.CreateOptions{})
 		ctx, cancel := context.WithCancel(h.ctx)
