@@ -49,8 +49,9 @@ type Frame interface {
 }
 
 // Cursor is a position in a subscription. For a topic, QID is
-// "topic:<name>", LSN the last offset seen, Digest "", IDs empty, Count 0 and
-// At the time in milliseconds since the Unix epoch.
+// "topic:<name>", LSN the last offset seen, Digest "" (on a persisted topic,
+// the identity of the log LSN is an offset of), IDs empty, Count 0 and At
+// the time in milliseconds since the Unix epoch.
 type Cursor struct {
 	QID    string   `json:"qid"`
 	LSN    string   `json:"lsn"`

@@ -206,7 +206,7 @@ func (s *session) handleFrameSubscribe(ctx context.Context, f *frames.Subscribe)
 		} else {
 			s.sendAck(f.SID, nil)
 		}
-		s.sendSnapshot(f.SID, f.Target.Topic, tail)
+		s.sendSnapshot(f.SID, f.Target.Topic, tail, "")
 	})
 	if err != nil {
 		s.log().Warn("subscribe failed", "topic", f.Target.Topic, "err", err)

@@ -178,8 +178,9 @@ func validRecord(rec []byte) bool { return json.Valid(rec) }
 // tailer feeds one persisted topic's records to the transport.
 type tailer struct {
 	topic     string
-	refs      int    // guarded by Server.tailMu
-	published string // guarded by the topic's stripe lock
+	refs      int      // guarded by Server.tailMu
+	published string   // guarded by the topic's stripe lock
+	log       logIdent // guarded by the topic's stripe lock: the stream published from
 	cancel    context.CancelFunc
 }
 
@@ -200,10 +201,10 @@ func (srv *Server) acquireTailer(ctx context.Context, topic string) (*tailer, er
 		return nil, err
 	}
 	tctx, cancel := context.WithCancel(srv.baseCtx)
-	t := &tailer{topic: topic, refs: 1, published: info.Tail, cancel: cancel}
+	t := &tailer{topic: topic, refs: 1, published: info.Tail, log: identOf(info), cancel: cancel}
 	srv.tailers[topic] = t
 	srv.metrics.tailers.Inc()
-	srv.wg.Go(func() { srv.tail(tctx, t, info.Tail, info.CreatedAt) })
+	srv.wg.Go(func() { srv.tail(tctx, t, info.Tail) })
 	return t, nil
 }
 
@@ -218,13 +219,40 @@ func (srv *Server) releaseTailer(t *tailer) {
 	}
 }
 
+// logIdent names one incarnation of a persisted topic's stream: a stream
+// deleted (over HTTP, or by its TTL) and made anew is a different log
+// whose offsets start again. The zero value means no stream.
+type logIdent struct {
+	id      uint64 // storage.Info.ID
+	created int64  // storage.Info.CreatedAt, Unix nanoseconds
+}
+
+func identOf(in storage.Info) logIdent {
+	if in.ID == 0 && in.CreatedAt.IsZero() {
+		return logIdent{}
+	}
+	return logIdent{id: in.ID, created: in.CreatedAt.UnixNano()}
+}
+
+// digest is the cursor digest of snapshots on this log ("" for none): a
+// resume whose cursor names another log is not read in this one (runReplay).
+func (l logIdent) digest() string {
+	if l == (logIdent{}) {
+		return ""
+	}
+	return "log:" + strconv.FormatUint(l.id, 36) + "." + strconv.FormatInt(l.created, 36)
+}
+
 // tail hands every record after `after` to the transport, in order, until
-// ctx ends. created is when the stream tailed was made: a stream deleted
-// (over HTTP, or by its TTL) and perhaps made anew is a different log whose
-// offsets start again, so the tailer resets (see resetTail) rather than
-// wait at offsets of the old one or read the new one from the middle.
-func (srv *Server) tail(ctx context.Context, t *tailer, after string, created time.Time) {
+// ctx ends. When the stream tailed (t.log) is replaced, it resets (see
+// resetTail) rather than wait at offsets of the old log or read the new
+// one from the middle.
+func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 	log := srv.log.With("topic", t.topic)
+	mu := srv.seq.stripe(t.topic)
+	mu.Lock()
+	cur := t.log // only this goroutine changes t.log
+	mu.Unlock()
 	pause := func() bool {
 		tm := time.NewTimer(tailRetry)
 		defer tm.Stop()
@@ -243,8 +271,11 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string, created ti
 		return pause()
 	}
 	// replaced reports whether the stream is not the one tailed any more
-	// (deleted, expired, or made anew), and then resets to what is there
-	// now: created is the new stream's, or zero while there is none.
+	// (deleted, expired, or made anew), and then starts again at the start
+	// of what is there now. Called after a read, it also proves the read
+	// was of the stream tailed: one that Head still finds was there all
+	// along, since a replaced stream never comes back. (WaitID covers the
+	// wait; Read takes no ID.)
 	replaced := func(err error) bool {
 		if err != nil && !errors.Is(err, storage.ErrNotFound) && !errors.Is(err, storage.ErrGone) &&
 			!errors.Is(err, storage.ErrBadRequest) {
@@ -257,32 +288,33 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string, created ti
 		case herr != nil:
 			return false
 		}
-		if info.CreatedAt.Equal(created) {
+		now := identOf(info)
+		if now == cur {
 			return false
 		}
-		if created.IsZero() {
-			// Made after the reset that found none: read from its start.
-			created = info.CreatedAt
-			return false
-		}
+		// Also when a stream is made after a reset that found none: other
+		// streams of the name may have come and gone meanwhile, and the
+		// subscribers' snapshots must carry this log's digest.
 		log.Warn("persisted topic: its stream was deleted or made anew; subscribers start again from a snapshot",
-			"exists", !info.CreatedAt.IsZero())
+			"exists", now != logIdent{})
 		srv.streams.Delete(t.topic)
-		srv.resetTail(ctx, t)
-		after, created = storage.ZeroOffset, info.CreatedAt
+		srv.resetTail(ctx, t, now)
+		after, cur = storage.ZeroOffset, now
 		return true
 	}
 	var body []byte
 	for {
-		err := srv.cfg.Log.Wait(ctx, t.topic, after)
+		// On the stream tailed only: another of the name (made since the
+		// last look) answers not found, and replaced resets.
+		err := srv.cfg.Log.WaitID(ctx, t.topic, after, cur.id)
 		if ctx.Err() != nil {
 			return
 		}
-		if replaced(err) {
-			continue
-		}
 		if err != nil {
-			if created.IsZero() && (errors.Is(err, storage.ErrNotFound) || errors.Is(err, storage.ErrGone)) {
+			if replaced(err) {
+				continue
+			}
+			if cur == (logIdent{}) && (errors.Is(err, storage.ErrNotFound) || errors.Is(err, storage.ErrGone)) {
 				// No stream since the last reset: look again later.
 				if pause() {
 					continue
@@ -298,10 +330,10 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string, created ti
 		if ctx.Err() != nil {
 			return
 		}
+		if replaced(err) {
+			continue // the page, if any, may be of another stream
+		}
 		if err != nil {
-			if replaced(err) {
-				continue
-			}
 			if retry("read", err) {
 				continue
 			}
@@ -310,17 +342,14 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string, created ti
 		if len(res.Records) == 0 {
 			// Closed over HTTP: nothing more will come unless the
 			// stream is deleted (and made anew), which Wait, returning
-			// at once on a closed stream, cannot wait for.
-			if res.Closed {
-				if !pause() {
-					return
-				}
-				replaced(nil) // a fresh Wait would take a new stream for the old
+			// at once on a closed stream, cannot wait for: look again
+			// in a while.
+			if res.Closed && !pause() {
+				return
 			}
 			continue
 		}
 		now := srv.cfg.Now().UnixMilli()
-		mu := srv.seq.stripe(t.topic)
 		mu.Lock()
 		for _, r := range res.Records {
 			if !validRecord(r.Data) {
@@ -343,33 +372,35 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string, created ti
 }
 
 // logResetMark starts a message the tailer hands to the transport when the
-// topic's stream was replaced: JSON never starts with it, so a subscription
-// tells it from a patch body (Deliver) without decoding.
+// topic's stream was replaced, followed by the new log's digest: JSON never
+// starts with it, so a subscription tells it from a patch body (Deliver)
+// without decoding.
 const logResetMark = 0
 
-// resetTail moves t to the start of the topic's current stream, and tells
-// every subscription: each answers with X_CURSOR_EXPIRED and a snapshot at
-// the start (logReset), and then gets the new stream's records live.
-func (srv *Server) resetTail(ctx context.Context, t *tailer) {
+// resetTail moves t to the start of the topic's stream now (to, zero if
+// there is none), and tells every subscription: each answers with
+// X_CURSOR_EXPIRED and a snapshot at the start (logReset), and then gets
+// the new stream's records live.
+func (srv *Server) resetTail(ctx context.Context, t *tailer, to logIdent) {
 	mu := srv.seq.stripe(t.topic)
 	mu.Lock()
 	defer mu.Unlock()
-	t.published = storage.ZeroOffset
-	if err := srv.transport.Publish(ctx, t.topic, []byte{logResetMark}); err != nil {
+	t.published, t.log = storage.ZeroOffset, to
+	if err := srv.transport.Publish(ctx, t.topic, append([]byte{logResetMark}, to.digest()...)); err != nil {
 		srv.log.Warn("persisted topic: fanout failed", "topic", t.topic, "err", err)
 	}
 }
 
-// logReset answers a reset of the subscription's topic log (resetTail);
-// a replaying subscription answers it when its replayer gets to it
-// (holdReset, runReplay).
-func (sub *subscription) logReset() {
+// logReset answers a reset of the subscription's topic log to the log
+// with the given digest (resetTail); a replaying subscription answers it
+// when its replayer gets to it (holdReset, runReplay).
+func (sub *subscription) logReset(digest string) {
 	s := sub.s
 	s.srv.metrics.resumes[resumeExpired].Inc()
 	s.sendError(frames.NewError(frames.CodeCursorExpired, sub.sid,
 		"topic "+quote(sub.topic)+"'s log was deleted or made anew; what was published to it since your last patch may be lost",
 		"treat messages after your cursor as lost; the snapshot that follows starts the subscription afresh"))
-	s.sendSnapshot(sub.sid, sub.topic, storage.ZeroOffset)
+	s.sendSnapshot(sub.sid, sub.topic, storage.ZeroOffset, digest)
 }
 
 // replay is a replaying subscription's state.
@@ -379,10 +410,12 @@ type replay struct {
 	held    []outItem          // guarded by mu
 	lost    bool               // guarded by mu: held overflowed and was discarded
 	reset   bool               // guarded by mu: the topic's log was replaced (resetTail); held is the new log's
+	resetTo string             // guarded by mu: the new log's digest, when reset
 	cancel  context.CancelFunc // set before the replayer starts
 	done    chan struct{}      // closed when the replayer returns
 	tailer  *tailer
 	through string // offset up to which the replayer reads; guarded by the stripe lock while active
+	log     string // digest of the log through is in; as through
 }
 
 // hold keeps a live patch while the subscription replays. It reports
@@ -407,23 +440,24 @@ func (r *replay) hold(it outItem) bool {
 // subscription replays: what was held came from the old log and is
 // dropped, and the replayer starts again from the new log's start
 // (runReplay). It reports false once the subscription is live.
-func (r *replay) holdReset() bool {
+func (r *replay) holdReset(digest string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !r.active {
 		return false
 	}
-	r.held, r.lost, r.reset = nil, false, true
+	r.held, r.lost, r.reset, r.resetTo = nil, false, true, digest
 	return true
 }
 
-// takeReset reports and clears a reset recorded by holdReset.
-func (r *replay) takeReset() bool {
+// takeReset reports and clears a reset recorded by holdReset, with the new
+// log's digest.
+func (r *replay) takeReset() (string, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	was := r.reset
 	r.reset = false
-	return was
+	return r.resetTo, was
 }
 
 // stop ends the replayer and waits for it.
@@ -454,7 +488,7 @@ func (s *session) subscribePersisted(ctx context.Context, f *frames.Subscribe, s
 		r.cancel = cancel
 		go func() {
 			defer close(r.done)
-			s.runReplay(rctx, sub, cursor.LSN)
+			s.runReplay(rctx, sub, *cursor)
 		}()
 	}
 	return nil
@@ -473,35 +507,43 @@ func (s *session) joinLive(ctx context.Context, sub *subscription, fresh bool) e
 	}
 	if fresh {
 		s.sendAck(sub.sid, nil)
-		s.sendSnapshot(sub.sid, sub.topic, sub.tailer.published)
+		s.sendSnapshot(sub.sid, sub.topic, sub.tailer.published, sub.tailer.log.digest())
 	} else {
-		sub.replay.through = sub.tailer.published
+		sub.replay.through, sub.replay.log = sub.tailer.published, sub.tailer.log.digest()
 	}
 	return nil
 }
 
-func (s *session) sendSnapshot(sid, topic, lsn string) {
+// sendSnapshot sends a topic's snapshot (no rows) at offset lsn of the
+// log with the given digest ("" on an ephemeral topic).
+func (s *session) sendSnapshot(sid, topic, lsn, digest string) {
 	s.send(&frames.Snapshot{SID: sid, Rows: []json.RawMessage{}, Cursor: frames.Cursor{
-		QID: "topic:" + topic, LSN: lsn, IDs: []string{}, At: s.srv.cfg.Now().UnixMilli(),
+		QID: "topic:" + topic, LSN: lsn, Digest: digest, IDs: []string{}, At: s.srv.cfg.Now().UnixMilli(),
 	}})
 }
 
-// runReplay queues the records after `after` and then the held live
+// runReplay queues the records after the cursor and then the held live
 // patches, and turns the subscription live.
-func (s *session) runReplay(ctx context.Context, sub *subscription, after string) {
-	srv, r, cursor := s.srv, sub.replay, after
+func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cursor) {
+	srv, r, cursor, after := s.srv, sub.replay, c.LSN, c.LSN
 	mu := srv.seq.stripe(sub.topic)
 	mu.Lock()
-	through := r.through
+	through, digest := r.through, r.log
 	mu.Unlock()
 	first := true
-	expired := func(cause string) {
+	expired := func(cause, at string) {
 		srv.metrics.resumes[resumeExpired].Inc()
 		s.sendError(frames.NewError(frames.CodeCursorExpired, sub.sid, "subscribe.target.cursor: "+cause,
 			"treat messages after your cursor as lost; the snapshot that follows starts the subscription afresh"))
-		s.sendSnapshot(sub.sid, sub.topic, through)
+		s.sendSnapshot(sub.sid, sub.topic, at, digest)
 	}
-	if after > through {
+	if c.Digest != "" && c.Digest != digest {
+		// A cursor of a log since deleted (and perhaps made anew, with
+		// offsets that start again): answered as a live subscriber of the
+		// old log was, and replayed from the current log's start.
+		expired("digest "+quote(c.Digest)+" names a log of topic "+quote(sub.topic)+" that was deleted; its offsets are not positions in the log there is now", storage.ZeroOffset)
+		first, after = false, storage.ZeroOffset
+	} else if after > through {
 		// The cursor may be ahead of this node's tailer but still in the
 		// log (another node, or this one's other sessions, delivered it
 		// first): wait for the tailer to pass it, then replay up to the
@@ -513,21 +555,21 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, after string
 	if hi, _, err := frames.ParseOffset(after); err != nil || hi != 0 || after > through {
 		// Not an offset of this log: from an ephemeral topic, another
 		// node's counter, or a stream that was deleted and made anew.
-		expired("offset " + quote(after) + " is not a position in topic " + quote(sub.topic) + "'s log")
+		expired("offset "+quote(after)+" is not a position in topic "+quote(sub.topic)+"'s log", through)
 		first, after = false, through
 	}
 	// The log replaced while replaying (resetTail): the client is told as a
 	// live subscriber would be, and the replay goes on in the new log from
 	// its start, where the tailer then was.
-	onReset := func() {
-		sub.logReset()
-		first, after, through = false, storage.ZeroOffset, storage.ZeroOffset
+	onReset := func(to string) {
+		sub.logReset(to)
+		first, after, through, digest = false, storage.ZeroOffset, storage.ZeroOffset, to
 	}
 	ops := make([]frames.PatchOp, 0, 64)
 	for {
 		for after < through {
-			if r.takeReset() {
-				onReset()
+			if to, ok := r.takeReset(); ok {
+				onReset(to)
 				continue
 			}
 			res, err := srv.cfg.Log.Read(ctx, sub.topic, after, replayPage)
@@ -535,7 +577,7 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, after string
 			case ctx.Err() != nil:
 				return
 			case errors.Is(err, storage.ErrGone) && first:
-				expired("offset " + quote(after) + " is older than what topic " + quote(sub.topic) + " keeps (retention)")
+				expired("offset "+quote(after)+" is older than what topic "+quote(sub.topic)+" keeps (retention)", through)
 				first, after = false, through
 				continue
 			case errors.Is(err, storage.ErrNotFound) || errors.Is(err, storage.ErrGone) || errors.Is(err, storage.ErrBadRequest):
@@ -550,7 +592,7 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, after string
 				return
 			}
 			if first {
-				s.sendResumed(sub, cursor)
+				s.sendResumed(sub, cursor, digest)
 				first = false
 			}
 			now := srv.cfg.Now().UnixMilli()
@@ -584,16 +626,17 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, after string
 			}
 		}
 		if first {
-			s.sendResumed(sub, cursor)
+			s.sendResumed(sub, cursor, digest)
 			first = false
 		}
 		mu.Lock()
 		r.mu.Lock()
 		if r.reset {
 			r.reset = false
+			to := r.resetTo
 			r.mu.Unlock()
 			mu.Unlock()
-			onReset()
+			onReset(to)
 			continue
 		}
 		if r.lost {
@@ -661,10 +704,10 @@ func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string)
 // sendResumed answers a subscribe whose cursor resumes: the ack, then a
 // snapshot with no rows at the cursor's offset, which the replayed patches
 // continue.
-func (s *session) sendResumed(sub *subscription, cursor string) {
+func (s *session) sendResumed(sub *subscription, cursor, digest string) {
 	s.srv.metrics.resumes[resumeReplayed].Inc()
 	s.sendAck(sub.sid, nil)
-	s.sendSnapshot(sub.sid, sub.topic, cursor)
+	s.sendSnapshot(sub.sid, sub.topic, cursor, digest)
 }
 
 // endPersisted releases what a persisted subscription holds.

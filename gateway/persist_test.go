@@ -411,6 +411,10 @@ func TestPersisted_GoClientResume(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(lsns) || sub.Cursor().LSN != lsns[2] {
 		t.Fatalf("resumed %v (cursor %s), want %v", got, sub.Cursor().LSN, lsns)
 	}
+	// The client sends back the log's digest, which a resume checks.
+	if !strings.HasPrefix(cursor.Digest, "log:") || sub.Cursor().Digest != cursor.Digest {
+		t.Fatalf("cursor digests: first %q, resumed %q", cursor.Digest, sub.Cursor().Digest)
+	}
 }
 
 // TestPersisted_CursorPrunedByRetention: a cursor older than what the log
@@ -486,20 +490,20 @@ func TestPersisted_PipelinedPublishes(t *testing.T) {
 	}
 }
 
-// gatedLog holds every Wait until open is closed: a tailer that lags the
+// gatedLog holds every WaitID (the tailer's) until open is closed: a tailer that lags the
 // log, as on a node whose tailer has not woken yet.
 type gatedLog struct {
 	*storage.DB
 	open chan struct{}
 }
 
-func (g *gatedLog) Wait(ctx context.Context, name, after string) error {
+func (g *gatedLog) WaitID(ctx context.Context, name, after string, id uint64) error {
 	select {
 	case <-g.open:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	return g.DB.Wait(ctx, name, after)
+	return g.DB.WaitID(ctx, name, after, id)
 }
 
 // TestPersisted_CursorAheadOfTheTailer: a cursor that is in the log but
@@ -562,7 +566,10 @@ func TestPersisted_StreamDeletedAndMadeAnew(t *testing.T) {
 	n := startPersistNode(t, t.TempDir())
 	sub := gwtest.Dial(t, n.url, nil)
 	sub.Hello("", 0)
-	sub.Subscribe("s", "chat:gone")
+	first := sub.Subscribe("s", "chat:gone")
+	if !strings.HasPrefix(first.Cursor.Digest, "log:") {
+		t.Fatalf("snapshot digest %q, want the log's", first.Cursor.Digest)
+	}
 	pub := gwtest.Dial(t, n.url, nil)
 	pub.Hello("", 0)
 	for i := range 3 {
@@ -578,36 +585,39 @@ func TestPersisted_StreamDeletedAndMadeAnew(t *testing.T) {
 	if ack.Ref != "s" || ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
 		t.Fatalf("after the delete: ack %+v, want X_CURSOR_EXPIRED for s", ack)
 	}
-	if snap := gwtest.Expect[*frames.Snapshot](sub); snap.SID != "s" || snap.Cursor.LSN != storage.ZeroOffset {
-		t.Fatalf("after the delete: snapshot %+v, want one at %s", snap, storage.ZeroOffset)
+	if snap := gwtest.Expect[*frames.Snapshot](sub); snap.SID != "s" || snap.Cursor.LSN != storage.ZeroOffset || snap.Cursor.Digest != "" {
+		t.Fatalf("after the delete: snapshot %+v, want one at %s with no log digest (there is no log)", snap, storage.ZeroOffset)
 	}
 
 	// Made anew with one record over HTTP (its offset is the old log's
-	// first), then a WebSocket publish: both arrive, in the new log's order.
+	// first), then a WebSocket publish: another reset, now to the new log
+	// (its digest in the snapshot), then both records in the new log's order.
 	do(http.MethodPut, "")
 	do(http.MethodPost, `{"from":"backend"}`)
 	ack = pub.Publish("k3", 3, "chat:gone", `"ws"`)
 	if ack.Error != nil {
 		t.Fatalf("publish after the recreate: %+v", ack.Error)
 	}
-	ops := collect(t, sub, "s", 2)
+	resets, digest, ops := resetThenCollect(t, sub, "s", 2)
+	if resets != 1 || !strings.HasPrefix(digest, "log:") || digest == first.Cursor.Digest {
+		t.Fatalf("after the recreate: %d resets, digest %q; want 1 and a new log's (the first was %q)", resets, digest, first.Cursor.Digest)
+	}
 	if ops[0].LSN != old[0].LSN || rowData(t, ops[0]) != `{"from":"backend"}` ||
 		ops[1].LSN != *ack.LSN || rowData(t, ops[1]) != `"ws"` {
 		t.Fatalf("new log's records arrived as %+v (old log's first at %s)", ops, old[0].LSN)
 	}
 
-	// Deleted and made anew at once, before the tailer may have seen the
-	// gap: one reset all the same, then the new record.
+	// Deleted and made anew at once: whether or not the tailer saw the gap
+	// (one reset or two), the last snapshot names the newest log.
 	do(http.MethodDelete, "")
 	do(http.MethodPut, "")
 	do(http.MethodPost, `{"again":true}`)
-	ack = gwtest.Expect[*frames.Ack](sub)
-	if ack.Ref != "s" || ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
-		t.Fatalf("after the quick recreate: ack %+v, want X_CURSOR_EXPIRED for s", ack)
+	resets2, digest2, ops := resetThenCollect(t, sub, "s", 1)
+	if !strings.HasPrefix(digest2, "log:") || digest2 == digest {
+		t.Fatalf("after the quick recreate: digest %q, want a newer log's than %q", digest2, digest)
 	}
-	gwtest.Expect[*frames.Snapshot](sub)
-	if op := collect(t, sub, "s", 1)[0]; op.LSN != old[0].LSN || rowData(t, op) != `{"again":true}` {
-		t.Fatalf("after the quick recreate: %+v", op)
+	if ops[0].LSN != old[0].LSN || rowData(t, ops[0]) != `{"again":true}` {
+		t.Fatalf("after the quick recreate: %+v", ops[0])
 	}
 
 	// Closed over HTTP, then deleted and made anew: the tailer of a closed
@@ -616,16 +626,37 @@ func TestPersisted_StreamDeletedAndMadeAnew(t *testing.T) {
 	do(http.MethodDelete, "")
 	do(http.MethodPut, "")
 	do(http.MethodPost, `{"third":true}`)
-	if ack = gwtest.Expect[*frames.Ack](sub); ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
-		t.Fatalf("after the closed stream was made anew: ack %+v, want X_CURSOR_EXPIRED", ack)
+	resets3, _, ops := resetThenCollect(t, sub, "s", 1)
+	if rowData(t, ops[0]) != `{"third":true}` {
+		t.Fatalf("after the closed stream was made anew: %+v", ops[0])
 	}
-	gwtest.Expect[*frames.Snapshot](sub)
-	if op := collect(t, sub, "s", 1)[0]; rowData(t, op) != `{"third":true}` {
-		t.Fatalf("after the closed stream was made anew: %+v", op)
+	want := fmt.Sprintf(`syncgate_resumes_total{outcome="expired"} %d`, 1+resets+resets2+resets3)
+	if m := n.scrape(t); !strings.Contains(m, want) {
+		t.Fatalf("resets not counted, want %s:\n%s", want, grepLines(m, "syncgate_resumes_total"))
 	}
-	if m := n.scrape(t); !strings.Contains(m, `syncgate_resumes_total{outcome="expired"} 3`) {
-		t.Fatalf("resets not counted:\n%s", grepLines(m, "syncgate_resumes_total"))
+}
+
+// resetThenCollect reads one or more resets of sid (X_CURSOR_EXPIRED and a
+// snapshot at the start), then patches until it holds n inserts. It
+// returns the number of resets, the last snapshot's digest and the inserts.
+func resetThenCollect(t *testing.T, c *gwtest.Conn, sid string, n int) (int, string, []frames.PatchOp) {
+	t.Helper()
+	resets, digest := 0, ""
+	for {
+		ack := gwtest.Expect[*frames.Ack](c)
+		if ack.Ref != sid || ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
+			t.Fatalf("after %d resets: ack %+v, want X_CURSOR_EXPIRED for %s", resets, ack, sid)
+		}
+		snap := gwtest.Expect[*frames.Snapshot](c)
+		if snap.SID != sid || snap.Cursor.LSN != storage.ZeroOffset {
+			t.Fatalf("reset snapshot %+v, want one at %s", snap, storage.ZeroOffset)
+		}
+		resets, digest = resets+1, snap.Cursor.Digest
+		if _, more := c.Peek().(*frames.Ack); !more {
+			break
+		}
 	}
+	return resets, digest, collect(t, c, sid, n)
 }
 
 // streamRequest sends an HTTP request for topic's stream, with a JSON body
@@ -687,11 +718,7 @@ func TestPersisted_ResetWhileReplaying(t *testing.T) {
 	streamRequest(t, n, http.MethodDelete, topic, "")
 	streamRequest(t, n, http.MethodPut, topic, "")
 	streamRequest(t, n, http.MethodPost, topic, `[{"new":0},{"new":1},{"new":2},{"new":3},{"new":4}]`)
-	if ack := gwtest.Expect[*frames.Ack](live); ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
-		t.Fatalf("live subscriber: %+v", ack)
-	}
-	gwtest.Expect[*frames.Snapshot](live)
-	newOps := collect(t, live, "l", 5)
+	_, newDigest, newOps := resetThenCollect(t, live, "l", 5)
 
 	if ack := gwtest.Expect[*frames.Ack](r); ack.Ref != "s" || ack.Error != nil {
 		t.Fatalf("resume ack %+v", ack)
@@ -713,13 +740,98 @@ func TestPersisted_ResetWhileReplaying(t *testing.T) {
 	if old >= 10000 {
 		t.Fatalf("the whole old log (%d) was replayed: the replay never stalled, so the test proves nothing", old)
 	}
-	if snap := gwtest.Expect[*frames.Snapshot](r); snap.Cursor.LSN != storage.ZeroOffset {
+	snap := gwtest.Expect[*frames.Snapshot](r)
+	if snap.Cursor.LSN != storage.ZeroOffset {
 		t.Fatalf("snapshot after the reset at %s", snap.Cursor.LSN)
 	}
-	got := collect(t, r, "s", 5)
+	// A second reset when the tailer saw the log missing, then made anew.
+	var got []frames.PatchOp
+	digest := snap.Cursor.Digest
+	if _, more := r.Peek().(*frames.Ack); more {
+		_, digest, got = resetThenCollect(t, r, "s", 5)
+	} else {
+		got = collect(t, r, "s", 5)
+	}
+	if digest != newDigest {
+		t.Fatalf("replaying subscriber's last snapshot names log %q, the live one's %q", digest, newDigest)
+	}
 	for i := range got {
 		if got[i].LSN != newOps[i].LSN || rowData(t, got[i]) != rowData(t, newOps[i]) {
 			t.Fatalf("new record %d: %+v, the live subscriber got %+v", i, got[i], newOps[i])
 		}
+	}
+}
+
+// A client offline while the topic's stream was deleted and made anew
+// resumes with a cursor of the old log. The new log's offsets start again,
+// so the cursor's offset may well lie inside it: the cursor's digest tells
+// the logs apart, and the client is answered as a live subscriber was
+// (X_CURSOR_EXPIRED, then the new log from its start), never replayed
+// from the middle of the new log.
+func TestPersisted_CursorOfADeletedLog(t *testing.T) {
+	t.Parallel()
+	n := startPersistNode(t, t.TempDir())
+	const topic = "chat:reborn"
+	c := gwtest.Dial(t, n.url, nil)
+	c.Hello("", 0)
+	snap := c.Subscribe("s", topic)
+	for i := range 3 {
+		if ack := c.Publish(fmt.Sprint("k", i), int64(i), topic, fmt.Sprint(i)); ack.Error != nil {
+			t.Fatalf("publish %d: %+v", i, ack.Error)
+		}
+	}
+	ops := collect(t, c, "s", 3)
+	oldCursor := snap.Cursor
+	oldCursor.LSN = ops[2].LSN
+	c.Close()
+
+	streamRequest(t, n, http.MethodDelete, topic, "")
+	streamRequest(t, n, http.MethodPut, topic, "")
+	streamRequest(t, n, http.MethodPost, topic, `[{"new":0},{"new":1},{"new":2},{"new":3},{"new":4}]`)
+
+	r := gwtest.Dial(t, n.url, nil)
+	r.Hello("", 0)
+	r.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "s", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic, Cursor: &oldCursor}})
+	ack := gwtest.Expect[*frames.Ack](r)
+	if ack.Ref != "s" || ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired || !strings.Contains(ack.Error.Cause, "deleted") {
+		t.Fatalf("resume with the old log's cursor: ack %+v, want X_CURSOR_EXPIRED naming the deleted log", ack.Error)
+	}
+	snap = gwtest.Expect[*frames.Snapshot](r)
+	if snap.Cursor.LSN != storage.ZeroOffset || !strings.HasPrefix(snap.Cursor.Digest, "log:") || snap.Cursor.Digest == oldCursor.Digest {
+		t.Fatalf("snapshot %+v, want one at %s of the new log (old digest %q)", snap.Cursor, storage.ZeroOffset, oldCursor.Digest)
+	}
+	got := collect(t, r, "s", 5)
+	for i, op := range got {
+		if want := fmt.Sprintf(`{"new":%d}`, i); rowData(t, op) != want {
+			t.Fatalf("record %d: %s, want %s", i, rowData(t, op), want)
+		}
+	}
+	newCursor := snap.Cursor
+
+	// A cursor of the new log resumes in it; the snapshot carries its digest.
+	r2 := gwtest.Dial(t, n.url, nil)
+	r2.Hello("", 0)
+	newCursor.LSN = got[1].LSN
+	r2.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "s", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic, Cursor: &newCursor}})
+	if ack := gwtest.Expect[*frames.Ack](r2); ack.Error != nil {
+		t.Fatalf("resume in the new log: %+v", ack.Error)
+	}
+	if snap := gwtest.Expect[*frames.Snapshot](r2); snap.Cursor.LSN != got[1].LSN || snap.Cursor.Digest != newCursor.Digest {
+		t.Fatalf("resume in the new log: snapshot %+v", snap.Cursor)
+	}
+	if rest := collect(t, r2, "s", 3); rest[0].LSN != got[2].LSN {
+		t.Fatalf("resume in the new log went on at %s, want %s", rest[0].LSN, got[2].LSN)
+	}
+
+	// A cursor without a digest (built by hand, or by an older client) is
+	// taken as a position in the log there is now, as before digests.
+	r3 := gwtest.Dial(t, n.url, nil)
+	r3.Hello("", 0)
+	resume(t, r3, "s", topic, got[3].LSN)
+	if rest := collect(t, r3, "s", 1); rest[0].LSN != got[4].LSN {
+		t.Fatalf("digest-less resume went on at %s, want %s", rest[0].LSN, got[4].LSN)
+	}
+	if m := n.scrape(t); !strings.Contains(m, `syncgate_resumes_total{outcome="expired"} 1`) {
+		t.Fatalf("expired resume not counted:\n%s", grepLines(m, "syncgate_resumes_total"))
 	}
 }

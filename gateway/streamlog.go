@@ -22,4 +22,5 @@ type StreamLog interface {
 	AppendAsync(name string, req storage.AppendRequest, done func(storage.AppendResult, error))
 	Read(ctx context.Context, name, after string, maxBytes int) (storage.ReadResult, error)
 	Wait(ctx context.Context, name, after string) error
+	WaitID(ctx context.Context, name, after string, id uint64) error
 }

@@ -82,6 +82,14 @@ func (c *Conn) Next() frames.Frame {
 	return f
 }
 
+// Peek returns the frame Next would return, and leaves it to Next.
+func (c *Conn) Peek() frames.Frame {
+	c.t.Helper()
+	f := c.Next()
+	c.held = append([]frames.Frame{f}, c.held...)
+	return f
+}
+
 // NextErr returns the next frame or the read error.
 func (c *Conn) NextErr(timeout time.Duration) (frames.Frame, error) {
 	if len(c.held) > 0 {
