@@ -200,6 +200,9 @@ type ReadResult struct {
 	Closed bool
 	// ContentType is the stream's, verbatim.
 	ContentType string
+	// ID is the [Info].ID of the stream read: a reader that must not
+	// take a stream made anew for the one it reads compares it.
+	ID uint64
 }
 
 // Errors. Every error a DB method returns wraps one of these sentinels

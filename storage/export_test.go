@@ -48,3 +48,10 @@ func (db *DB) AppendBatchForTest(name string, reqs []AppendRequest) ([]AppendRes
 	}
 	return res, errs
 }
+
+// WatchesForTest is how many stream IDs have a Wait watch registered.
+func (db *DB) WatchesForTest() int {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	return len(db.waiters)
+}

@@ -550,6 +550,47 @@ func TestDB_Wait_Expiry(t *testing.T) {
 	}
 }
 
+// TestDB_Wait_WatchesOfDeadStreams: a stream ID never comes back, so no
+// watch may stay registered for one that was deleted, expired or made
+// anew, whether the waiter was waiting then or came later with the ID.
+func TestDB_Wait_WatchesOfDeadStreams(t *testing.T) {
+	db := openDB(t, &storage.Options{NoSync: true})
+	ctx := t.Context()
+	waitWatches := func(what string, n int) {
+		t.Helper()
+		deadline := time.After(10 * time.Second)
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for db.WatchesForTest() != n {
+			select {
+			case <-deadline:
+				t.Fatalf("%s: %d watches, want %d", what, db.WatchesForTest(), n)
+			case <-tick.C:
+			}
+		}
+	}
+	old := mustCreate(t, db, "s", storage.CreateOptions{})
+	errc := make(chan error, 2)
+	go func() { errc <- db.WaitID(ctx, "s", storage.ZeroOffset, old.ID) }()
+	go func() { errc <- db.Wait(ctx, "s", storage.ZeroOffset) }()
+	waitWatches("two waiting", 1) // one ID, one channel
+	if err := db.Delete(ctx, "s"); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		wantErr(t, "waiting when deleted", <-errc, storage.ErrNotFound)
+	}
+	waitWatches("after the delete", 0)
+	wantErr(t, "WaitID of a deleted stream", db.WaitID(ctx, "s", storage.ZeroOffset, old.ID), storage.ErrNotFound)
+	waitWatches("after WaitID of a deleted stream", 0)
+	mustCreate(t, db, "s", storage.CreateOptions{})
+	wantErr(t, "WaitID of a stream made anew", db.WaitID(ctx, "s", storage.ZeroOffset, old.ID), storage.ErrNotFound)
+	waitWatches("after WaitID of a stream made anew", 0)
+	exp := mustCreate(t, db, "e", storage.CreateOptions{TTL: 100 * time.Millisecond})
+	wantErr(t, "WaitID of an expiring stream", db.WaitID(ctx, "e", storage.ZeroOffset, exp.ID), storage.ErrNotFound)
+	waitWatches("after expiry", 0)
+}
+
 func TestDB_AppendAsync(t *testing.T) {
 	db := openDB(t, &storage.Options{NoSync: true})
 	mustCreate(t, db, "s", storage.CreateOptions{})

@@ -3,7 +3,6 @@ package storage
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"time"
 
@@ -138,6 +137,7 @@ func (db *DB) Read(ctx context.Context, name, after string, maxBytes int) (ReadR
 		if err := db.live(m, name, now); err != nil {
 			return err
 		}
+		res.ID = m.ID
 		if pos > m.Tail {
 			return fmt.Errorf("%w: offset %s is beyond the tail %s", ErrBadRequest, after, FormatOffset(m.Tail))
 		}
@@ -260,21 +260,21 @@ func (db *DB) WaitID(ctx context.Context, name, after string, id uint64) error {
 		}
 		m, err := db.metaOf(name)
 		if err != nil {
-			if id != 0 && errors.Is(err, ErrNotFound) {
-				db.wake([]uint64{id}) // deleted: drop the watch just made
-			}
 			return err
+		}
+		if id != 0 && (m == nil || m.ID != id) {
+			// Deleted (and perhaps made anew) meanwhile: the stream waited
+			// on is gone, and after is not a position in another one
+			// (checked before the tail, which may now be behind after).
+			// IDs never come back, so the watch on id is dropped.
+			db.wake([]uint64{id})
+			return fmt.Errorf("%w: stream %q was deleted", ErrNotFound, name)
 		}
 		if err := db.live(m, name, db.now()); err != nil {
+			if id != 0 {
+				db.wake([]uint64{id}) // expired or soft-deleted: for good
+			}
 			return err
-		}
-		if id != 0 && m.ID != id {
-			// Deleted and made anew meanwhile: the stream waited on is
-			// gone, and after is not a position in this one (checked
-			// before the tail, which may now be behind after). IDs never
-			// come back, so the watch on id just made is dropped.
-			db.wake([]uint64{id})
-			return fmt.Errorf("%w: stream %q was deleted (and made anew)", ErrNotFound, name)
 		}
 		if pos > m.Tail {
 			return fmt.Errorf("%w: offset %s is beyond the tail %s", ErrBadRequest, after, FormatOffset(m.Tail))

@@ -87,6 +87,11 @@ var createTests = []test{
 			t.Fatal(err)
 		}
 		eq(t, "ID from Head", head.ID, a.ID)
+		res, err := h.l.Read(h.ctx, "a", storage.ZeroOffset, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eq(t, "ID from Read", res.ID, a.ID)
 		if err := h.l.Delete(h.ctx, "a"); err != nil {
 			t.Fatal(err)
 		}
