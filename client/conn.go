@@ -281,6 +281,8 @@ func (cn *conn) handleFrameAck(f *frames.Ack) {
 		cn.gotHello = true
 		cn.helloErr = ackError(f)
 		close(cn.helloc)
+	case !ok && cn.handleResetAck(f):
+		// A live subscription's log was replaced; its snapshot follows.
 	case !ok && c.opts.Reconnect && len(f.Ref) > len(c.keyPrefix) && f.Ref[:len(c.keyPrefix)] == c.keyPrefix:
 		// The second ack of a mutate sent on two connections (a
 		// take-over re-sent it): the first one counted.

@@ -71,7 +71,11 @@
 //     both connections carry the topic. A persisted topic resumes from the
 //     cursor with no gap; an ephemeral one cannot (X_CURSOR_EXPIRED): the
 //     subscription stays live from the new snapshot and the Client reports
-//     [EventCursorExpired].
+//     [EventCursorExpired]. The same happens while connected when a
+//     persisted topic's log is deleted or made anew: the server's
+//     X_CURSOR_EXPIRED and snapshot move [Subscription.Cursor] to the new
+//     log, whose offsets start again, so its patches are not dropped as
+//     duplicates.
 //   - [Options.URLFor] picks each attempt's URL (e.g. [RoundRobin]), so a
 //     client can move between nodes without a load balancer.
 //   - [Options.OnEvent] reports each step ([Event]); Dial retries too, and

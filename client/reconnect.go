@@ -44,8 +44,10 @@ const (
 	// scheduled time (Reason set), or when the connection was lost.
 	EventResumed
 	// EventCursorExpired: Sub could not be resumed from its cursor
-	// (X_CURSOR_EXPIRED, e.g. an ephemeral topic): it continues from a fresh
-	// snapshot, and messages between the old cursor and it are lost.
+	// (X_CURSOR_EXPIRED, e.g. an ephemeral topic), or the server reset it
+	// while live (its persisted topic's log was deleted or made anew): it
+	// continues from a fresh snapshot, and messages between the old cursor
+	// and it are lost.
 	EventCursorExpired
 	// EventSubscriptionFailed: the new connection refused Sub's resubscribe
 	// with Err; Sub has ended (its Patches channel is closed).

@@ -35,6 +35,7 @@ type Subscription struct {
 	via       *conn        // the connection of the latest subscribe add
 	expiredOn *conn        // that add was answered X_CURSOR_EXPIRED
 	snapOn    *conn        // the connection whose snapshot s follows
+	resetOn   *conn        // snapOn said X_CURSOR_EXPIRED while live: its next snapshot replaces the position
 	resume    *resumeGroup // the take-over waiting for its snapshot, or nil
 
 	// dmu is the delivery lock: two connections may carry patches for the
@@ -45,7 +46,7 @@ type Subscription struct {
 	from   *conn // the connection whose patches are delivered
 	ended  bool  // Patches closed (or, with a handler, no more calls)
 	dups   int64 // patches dropped as already delivered
-	resets int64 // cursor expirations on resume
+	resets int64 // cursor expirations on resume or while live
 
 	mu sync.Mutex
 	// Guarded by mu.
@@ -232,6 +233,12 @@ func (cn *conn) handleFrameSnapshot(f *frames.Snapshot) {
 	c := cn.c
 	c.mu.Lock()
 	s, ok := c.subs[f.SID]
+	if ok && s.via == cn && s.snapOn == cn && s.resetOn == cn {
+		s.resetOn = nil
+		c.mu.Unlock()
+		s.reset(cn, f)
+		return
+	}
 	if !ok || s.via != cn || s.snapOn == cn {
 		c.mu.Unlock()
 		c.onFrame(f) // a later snapshot, or one nobody waits for
@@ -274,6 +281,38 @@ func (cn *conn) handleFrameSnapshot(f *frames.Snapshot) {
 	if expired {
 		c.emit(Event{Kind: EventCursorExpired, URL: cn.url, Sub: s})
 	}
+}
+
+// handleResetAck takes an X_CURSOR_EXPIRED the server sends a live
+// subscription on its own (its topic's log was replaced): the snapshot
+// that follows is the subscription's new position. It reports whether a
+// was such an ack.
+func (cn *conn) handleResetAck(a *frames.Ack) bool {
+	if a.Error == nil || a.Error.Code != frames.CodeCursorExpired {
+		return false
+	}
+	c := cn.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, ok := c.subs[a.Ref]
+	if !ok || !s.settled || s.via != cn || s.snapOn != cn {
+		return false
+	}
+	s.resetOn = cn
+	return true
+}
+
+// reset moves the subscription to the snapshot f that followed a reset
+// on cn: its cursor (another log, whose offsets start again) replaces the
+// old one, so the new log's patches are not taken for ones already seen.
+func (s *Subscription) reset(cn *conn, f *frames.Snapshot) {
+	s.dmu.Lock()
+	s.mu.Lock()
+	s.cursor = f.Cursor
+	s.mu.Unlock()
+	s.resets++
+	s.dmu.Unlock()
+	s.c.emit(Event{Kind: EventCursorExpired, URL: cn.url, Sub: s})
 }
 
 func (cn *conn) handleFramePatch(f *frames.Patch) {
