@@ -271,11 +271,10 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 		return pause()
 	}
 	// replaced reports whether the stream is not the one tailed any more
-	// (deleted, expired, or made anew), and then starts again at the start
-	// of what is there now. Called after a read, it also proves the read
-	// was of the stream tailed: one that Head still finds was there all
-	// along, since a replaced stream never comes back. (WaitID covers the
-	// wait; Read takes no ID.)
+	// (deleted, expired, or made anew), and then resets to the start of
+	// what is there now (Head), also when a stream is made after a reset
+	// that found none: others may have come and gone meanwhile, and the
+	// subscribers' snapshots must carry this log's digest.
 	replaced := func(err error) bool {
 		if err != nil && !errors.Is(err, storage.ErrNotFound) && !errors.Is(err, storage.ErrGone) &&
 			!errors.Is(err, storage.ErrBadRequest) {
@@ -292,9 +291,6 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 		if now == cur {
 			return false
 		}
-		// Also when a stream is made after a reset that found none: other
-		// streams of the name may have come and gone meanwhile, and the
-		// subscribers' snapshots must carry this log's digest.
 		log.Warn("persisted topic: its stream was deleted or made anew; subscribers start again from a snapshot",
 			"exists", now != logIdent{})
 		srv.streams.Delete(t.topic)
@@ -304,8 +300,19 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 	}
 	var body []byte
 	for {
-		// On the stream tailed only: another of the name (made since the
-		// last look) answers not found, and replaced resets.
+		if cur == (logIdent{}) {
+			// No stream since the last reset: look again every second
+			// (a stream made empty has nothing to wait on yet).
+			if replaced(nil) {
+				continue
+			}
+			if pause() {
+				continue
+			}
+			return
+		}
+		// On the stream tailed only: another of the name answers not
+		// found, and replaced resets.
 		err := srv.cfg.Log.WaitID(ctx, t.topic, after, cur.id)
 		if ctx.Err() != nil {
 			return
@@ -313,13 +320,6 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 		if err != nil {
 			if replaced(err) {
 				continue
-			}
-			if cur == (logIdent{}) && (errors.Is(err, storage.ErrNotFound) || errors.Is(err, storage.ErrGone)) {
-				// No stream since the last reset: look again later.
-				if pause() {
-					continue
-				}
-				return
 			}
 			if retry("wait", err) {
 				continue
@@ -330,18 +330,24 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 		if ctx.Err() != nil {
 			return
 		}
-		if replaced(err) {
-			continue // the page, if any, may be of another stream
-		}
 		if err != nil {
+			if replaced(err) {
+				continue
+			}
 			if retry("read", err) {
 				continue
 			}
 			return
 		}
+		if res.ID != cur.id {
+			// Made anew since the wait: the page is another log's.
+			// (Head may lag the read by a commit; then look again.)
+			replaced(storage.ErrNotFound)
+			continue
+		}
 		if len(res.Records) == 0 {
 			// Closed over HTTP: nothing more will come unless the
-			// stream is deleted (and made anew), which Wait, returning
+			// stream is deleted (and made anew), which WaitID, returning
 			// at once on a closed stream, cannot wait for: look again
 			// in a while.
 			if res.Closed && !pause() {
@@ -409,13 +415,12 @@ type replay struct {
 	active  bool               // guarded by mu: live patches are held, not queued
 	held    []outItem          // guarded by mu
 	lost    bool               // guarded by mu: held overflowed and was discarded
-	reset   bool               // guarded by mu: the topic's log was replaced (resetTail); held is the new log's
-	resetTo string             // guarded by mu: the new log's digest, when reset
+	reset   bool               // guarded by mu: the topic's log was replaced (resetTail) and the replayer has not yet started over
 	cancel  context.CancelFunc // set before the replayer starts
 	done    chan struct{}      // closed when the replayer returns
 	tailer  *tailer
-	through string // offset up to which the replayer reads; guarded by the stripe lock while active
-	log     string // digest of the log through is in; as through
+	through string   // offset up to which the replayer reads; guarded by the stripe lock while active
+	log     logIdent // the log through is in; as through
 }
 
 // hold keeps a live patch while the subscription replays. It reports
@@ -440,24 +445,22 @@ func (r *replay) hold(it outItem) bool {
 // subscription replays: what was held came from the old log and is
 // dropped, and the replayer starts again from the new log's start
 // (runReplay). It reports false once the subscription is live.
-func (r *replay) holdReset(digest string) bool {
+func (r *replay) holdReset() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !r.active {
 		return false
 	}
-	r.held, r.lost, r.reset, r.resetTo = nil, false, true, digest
+	r.held, r.lost, r.reset = nil, false, true
 	return true
 }
 
-// takeReset reports and clears a reset recorded by holdReset, with the new
-// log's digest.
-func (r *replay) takeReset() (string, bool) {
+// resetPending reports a reset recorded by holdReset that the replayer has
+// not started over for.
+func (r *replay) resetPending() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	was := r.reset
-	r.reset = false
-	return r.resetTo, was
+	return r.reset
 }
 
 // stop ends the replayer and waits for it.
@@ -509,7 +512,7 @@ func (s *session) joinLive(ctx context.Context, sub *subscription, fresh bool) e
 		s.sendAck(sub.sid, nil)
 		s.sendSnapshot(sub.sid, sub.topic, sub.tailer.published, sub.tailer.log.digest())
 	} else {
-		sub.replay.through, sub.replay.log = sub.tailer.published, sub.tailer.log.digest()
+		sub.replay.through, sub.replay.log = sub.tailer.published, sub.tailer.log
 	}
 	return nil
 }
@@ -528,16 +531,30 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 	srv, r, cursor, after := s.srv, sub.replay, c.LSN, c.LSN
 	mu := srv.seq.stripe(sub.topic)
 	mu.Lock()
-	through, digest := r.through, r.log
+	through, cur := r.through, r.log
 	mu.Unlock()
 	first := true
 	expired := func(cause, at string) {
 		srv.metrics.resumes[resumeExpired].Inc()
 		s.sendError(frames.NewError(frames.CodeCursorExpired, sub.sid, "subscribe.target.cursor: "+cause,
 			"treat messages after your cursor as lost; the snapshot that follows starts the subscription afresh"))
-		s.sendSnapshot(sub.sid, sub.topic, at, digest)
+		s.sendSnapshot(sub.sid, sub.topic, at, cur.digest())
 	}
-	if c.Digest != "" && c.Digest != digest {
+	// The log replaced while replaying (resetTail): the client is told as a
+	// live subscriber was, and the replay starts over in the log the
+	// tailer is on now, from its start up to where the tailer is; what was
+	// held is dropped, the log being the source of truth.
+	onReset := func() {
+		mu.Lock()
+		r.mu.Lock()
+		r.reset, r.held, r.lost = false, nil, false
+		through, cur = r.tailer.published, r.tailer.log
+		r.mu.Unlock()
+		mu.Unlock()
+		sub.logReset(cur.digest())
+		first, after = false, storage.ZeroOffset
+	}
+	if c.Digest != "" && c.Digest != cur.digest() {
 		// A cursor of a log since deleted (and perhaps made anew, with
 		// offsets that start again): answered as a live subscriber of the
 		// old log was, and replayed from the current log's start.
@@ -552,24 +569,19 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 			through = t
 		}
 	}
-	if hi, _, err := frames.ParseOffset(after); err != nil || hi != 0 || after > through {
+	if r.resetPending() {
+		onReset() // replaced meanwhile: the cursor's log is gone
+	} else if hi, _, err := frames.ParseOffset(after); first && (err != nil || hi != 0 || after > through) {
 		// Not an offset of this log: from an ephemeral topic, another
 		// node's counter, or a stream that was deleted and made anew.
 		expired("offset "+quote(after)+" is not a position in topic "+quote(sub.topic)+"'s log", through)
 		first, after = false, through
 	}
-	// The log replaced while replaying (resetTail): the client is told as a
-	// live subscriber would be, and the replay goes on in the new log from
-	// its start, where the tailer then was.
-	onReset := func(to string) {
-		sub.logReset(to)
-		first, after, through, digest = false, storage.ZeroOffset, storage.ZeroOffset, to
-	}
 	ops := make([]frames.PatchOp, 0, 64)
 	for {
 		for after < through {
-			if to, ok := r.takeReset(); ok {
-				onReset(to)
+			if r.resetPending() {
+				onReset()
 				continue
 			}
 			res, err := srv.cfg.Log.Read(ctx, sub.topic, after, replayPage)
@@ -580,9 +592,11 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 				expired("offset "+quote(after)+" is older than what topic "+quote(sub.topic)+" keeps (retention)", through)
 				first, after = false, through
 				continue
-			case errors.Is(err, storage.ErrNotFound) || errors.Is(err, storage.ErrGone) || errors.Is(err, storage.ErrBadRequest):
-				// Deleted, or made anew shorter, since the replay began:
-				// the tailer's reset follows, held or live.
+			case errors.Is(err, storage.ErrNotFound) || errors.Is(err, storage.ErrGone) || errors.Is(err, storage.ErrBadRequest),
+				err == nil && res.ID != cur.id:
+				// Deleted, or made anew, since the replay began: not a
+				// page of the log replayed. The tailer's reset follows,
+				// held or live.
 				after = through
 				continue
 			case err != nil:
@@ -592,7 +606,7 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 				return
 			}
 			if first {
-				s.sendResumed(sub, cursor, digest)
+				s.sendResumed(sub, cursor, cur.digest())
 				first = false
 			}
 			now := srv.cfg.Now().UnixMilli()
@@ -626,17 +640,15 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 			}
 		}
 		if first {
-			s.sendResumed(sub, cursor, digest)
+			s.sendResumed(sub, cursor, cur.digest())
 			first = false
 		}
 		mu.Lock()
 		r.mu.Lock()
 		if r.reset {
-			r.reset = false
-			to := r.resetTo
 			r.mu.Unlock()
 			mu.Unlock()
-			onReset(to)
+			onReset()
 			continue
 		}
 		if r.lost {
@@ -682,14 +694,21 @@ func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string)
 	defer tick.Stop()
 	for {
 		mu.Lock()
+		r.mu.Lock()
+		if r.reset || r.tailer.log != r.log {
+			// Replaced meanwhile: published is another log's offset.
+			r.mu.Unlock()
+			mu.Unlock()
+			return "", false
+		}
 		if r.tailer.published >= cursor {
-			r.mu.Lock()
 			r.held, r.lost = nil, false
 			through := r.tailer.published
 			r.mu.Unlock()
 			mu.Unlock()
 			return through, true
 		}
+		r.mu.Unlock()
 		mu.Unlock()
 		select {
 		case <-ctx.Done():

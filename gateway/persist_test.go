@@ -784,6 +784,8 @@ func TestPersisted_CursorOfADeletedLog(t *testing.T) {
 	oldCursor := snap.Cursor
 	oldCursor.LSN = ops[2].LSN
 	c.Close()
+	// Offline: no tailer runs for the topic while its stream is replaced.
+	waitMetric(t, n, "syncgate_persisted_tailers 0")
 
 	streamRequest(t, n, http.MethodDelete, topic, "")
 	streamRequest(t, n, http.MethodPut, topic, "")

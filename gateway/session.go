@@ -92,9 +92,8 @@ type subscription struct {
 // Deliver queues a broadcast patch for the session; it never blocks.
 func (sub *subscription) Deliver(m *fanout.Message) {
 	if len(m.Data) > 0 && m.Data[0] == logResetMark {
-		to := string(m.Data[1:])
-		if sub.replay == nil || !sub.replay.holdReset(to) {
-			sub.logReset(to)
+		if sub.replay == nil || !sub.replay.holdReset() {
+			sub.logReset(string(m.Data[1:]))
 		}
 		return
 	}

@@ -1,0 +1,311 @@
+package gateway_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/syncgate/syncgate/client"
+	"github.com/syncgate/syncgate/frames"
+	"github.com/syncgate/syncgate/gateway"
+	"github.com/syncgate/syncgate/internal/gwtest"
+	"github.com/syncgate/syncgate/storage"
+)
+
+// Persisted topics whose stream is deleted or made anew under resumes
+// (see also TestPersisted_StreamDeletedAndMadeAnew,
+// TestPersisted_ResetWhileReplaying and TestPersisted_CursorOfADeletedLog).
+
+// waitMetric polls the node's /metrics until it has the line want.
+func waitMetric(t *testing.T, n *persistNode, want string) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		m := n.scrape(t)
+		if strings.Contains(m, want) {
+			return
+		}
+		select {
+		case <-deadline:
+			t.Fatalf("metrics never had %q:\n%s", want, m)
+		case <-tick.C:
+		}
+	}
+}
+
+// newLogRecords is the body of the stream made anew in these tests.
+var newLogRecords = [][]byte{[]byte(`{"new":0}`), []byte(`{"new":1}`), []byte(`{"new":2}`), []byte(`{"new":3}`), []byte(`{"new":4}`)}
+
+// checkNewLog checks that ops are the made-anew stream's five records.
+func checkNewLog(t *testing.T, who string, ops []frames.PatchOp) {
+	t.Helper()
+	for i, op := range ops {
+		if want := string(newLogRecords[i]); rowData(t, op) != want || op.LSN != storage.FormatOffset(uint64(i+1)) {
+			t.Fatalf("%s: record %d is %s at %s, want %s at %s", who, i, rowData(t, op), op.LSN, want, storage.FormatOffset(uint64(i+1)))
+		}
+	}
+}
+
+// headSignalLog is a gatedLog that closes head at the first Head once
+// armed.
+type headSignalLog struct {
+	gatedLog
+	armed atomic.Bool
+	head  chan struct{}
+}
+
+func (l *headSignalLog) Head(ctx context.Context, name string) (storage.Info, error) {
+	if l.armed.CompareAndSwap(true, false) {
+		close(l.head)
+	}
+	return l.DB.Head(ctx, name)
+}
+
+// A resume whose cursor is ahead of this node's tailer waits for the
+// tailer to pass it; if meanwhile the stream is made anew and the tailer
+// publishes the new log past the cursor's offset, the resume gets the
+// reset and then every record of the new log (the wait compared offsets of
+// two logs, and dropped the new log's records).
+func TestPersisted_ResetWhileCatchingUp(t *testing.T) {
+	t.Parallel()
+	db, err := storage.Open(filepath.Join(t.TempDir(), "log.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	log := &headSignalLog{gatedLog: gatedLog{DB: db, open: make(chan struct{})}, head: make(chan struct{})}
+	gw, err := gateway.New(gateway.Config{Log: log, Persist: []string{"chat:*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newTestServerFor(t, gw)
+	const topic = "chat:catchup"
+	live := gwtest.Dial(t, srv.url, nil)
+	live.Hello("", 0)
+	live.Subscribe("l", topic) // the tailer, gated, at the empty log
+	ctx := t.Context()
+	for i := range 3 {
+		if _, err := db.Append(ctx, topic, storage.AppendRequest{Records: [][]byte{fmt.Append(nil, i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := db.Delete(ctx, topic); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := db.Create(ctx, topic, storage.CreateOptions{ContentType: "application/json", Records: newLogRecords}); err != nil {
+		t.Fatal(err)
+	}
+	r := gwtest.Dial(t, srv.url, nil)
+	r.Hello("", 0)
+	log.armed.Store(true)
+	sendResume(r, "s", topic, storage.FormatOffset(2)) // ahead of the tailer: it waits
+	<-log.head                                         // the wait's look at the log: the resume has joined
+	close(log.open)
+
+	_, liveDigest, ops := resetThenCollect(t, live, "l", 5)
+	checkNewLog(t, "live subscriber", ops)
+	_, digest, ops := resetThenCollect(t, r, "s", 5)
+	checkNewLog(t, "resumed subscriber", ops)
+	if digest != liveDigest {
+		t.Fatalf("resumed subscriber's snapshot names log %q, the live one's %q", digest, liveDigest)
+	}
+}
+
+// lagLog holds the tailer after a WaitID returns, while hold is set: a
+// tailer that has not yet acted on what it found.
+type lagLog struct {
+	*storage.DB
+	hold atomic.Pointer[chan struct{}]
+	held chan struct{}
+}
+
+func (l *lagLog) WaitID(ctx context.Context, name, after string, id uint64) error {
+	err := l.DB.WaitID(ctx, name, after, id)
+	if p := l.hold.Load(); p != nil {
+		l.held <- struct{}{}
+		<-*p
+	}
+	return err
+}
+
+// A resume with a cursor of the old log, before this node's tailer has
+// acted on the stream's replacement, is never replayed from the new log
+// at the old offsets: the replay finds the page is another stream's and
+// stops, and the tailer's reset follows.
+func TestPersisted_ReplayNeverReadsANewerLog(t *testing.T) {
+	t.Parallel()
+	db, err := storage.Open(filepath.Join(t.TempDir(), "log.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	log := &lagLog{DB: db, held: make(chan struct{}, 1)}
+	gw, err := gateway.New(gateway.Config{Log: log, Persist: []string{"chat:*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newTestServerFor(t, gw)
+	const topic = "chat:lag"
+	live := gwtest.Dial(t, srv.url, nil)
+	live.Hello("", 0)
+	snap := live.Subscribe("l", topic)
+	ctx := t.Context()
+	for i := range 3 {
+		if _, err := db.Append(ctx, topic, storage.AppendRequest{Records: [][]byte{fmt.Appendf(nil, `{"old":%d}`, i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := collect(t, live, "l", 3)
+	gate := make(chan struct{})
+	log.hold.Store(&gate)
+	if err := db.Delete(ctx, topic); err != nil {
+		t.Fatal(err)
+	}
+	<-log.held // the tailer found the stream gone and is held before acting
+	if _, _, err := db.Create(ctx, topic, storage.CreateOptions{ContentType: "application/json", Records: newLogRecords}); err != nil {
+		t.Fatal(err)
+	}
+	cursor := snap.Cursor
+	cursor.LSN = old[0].LSN
+	r := gwtest.Dial(t, srv.url, nil)
+	r.Hello("", 0)
+	r.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "s", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic, Cursor: &cursor}})
+	// The log the tailer is on is still the cursor's: the resume is
+	// answered in it, with nothing replayed (the records read are another
+	// log's).
+	if ack := gwtest.Expect[*frames.Ack](r); ack.Error != nil {
+		t.Fatalf("resume: %+v", ack.Error)
+	}
+	if s := gwtest.Expect[*frames.Snapshot](r); s.Cursor.LSN != cursor.LSN || s.Cursor.Digest != cursor.Digest {
+		t.Fatalf("resume snapshot %+v, want the cursor's %+v", s.Cursor, cursor)
+	}
+	log.hold.Store(nil)
+	close(gate)
+	_, digest, ops := resetThenCollect(t, r, "s", 5)
+	checkNewLog(t, "resumed subscriber", ops)
+	if digest == cursor.Digest || !strings.HasPrefix(digest, "log:") {
+		t.Fatalf("after the reset: digest %q, want the new log's (old %q)", digest, cursor.Digest)
+	}
+	_, _, ops = resetThenCollect(t, live, "l", 5)
+	checkNewLog(t, "live subscriber", ops)
+}
+
+// A stream deleted and made anew empty is noticed by a tailer that found
+// no stream (it looks every second): its subscribers get a second reset
+// naming the new log, and a resume with the old log's cursor then gets
+// the new log's digest too.
+func TestPersisted_MadeAnewEmpty(t *testing.T) {
+	t.Parallel()
+	n := startPersistNode(t, t.TempDir())
+	const topic = "chat:empty"
+	live := gwtest.Dial(t, n.url, nil)
+	live.Hello("", 0)
+	snap := live.Subscribe("l", topic)
+	streamRequest(t, n, http.MethodPost, topic, `{"a":1}`)
+	ops := collect(t, live, "l", 1)
+	streamRequest(t, n, http.MethodDelete, topic, "")
+	if ack := gwtest.Expect[*frames.Ack](live); ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
+		t.Fatalf("after the delete: %+v", ack)
+	}
+	if s := gwtest.Expect[*frames.Snapshot](live); s.Cursor.Digest != "" {
+		t.Fatalf("after the delete: digest %q, want none (no stream)", s.Cursor.Digest)
+	}
+	streamRequest(t, n, http.MethodPut, topic, "")
+	if ack := gwtest.Expect[*frames.Ack](live); ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
+		t.Fatalf("after the empty recreate: %+v", ack)
+	}
+	s := gwtest.Expect[*frames.Snapshot](live)
+	if !strings.HasPrefix(s.Cursor.Digest, "log:") || s.Cursor.Digest == snap.Cursor.Digest {
+		t.Fatalf("after the empty recreate: digest %q, want a new log's (old %q)", s.Cursor.Digest, snap.Cursor.Digest)
+	}
+	cursor := snap.Cursor
+	cursor.LSN = ops[0].LSN
+	r := gwtest.Dial(t, n.url, nil)
+	r.Hello("", 0)
+	r.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "s", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic, Cursor: &cursor}})
+	if ack := gwtest.Expect[*frames.Ack](r); ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
+		t.Fatalf("resume with the old log's cursor: %+v", ack)
+	}
+	if rs := gwtest.Expect[*frames.Snapshot](r); rs.Cursor.Digest != s.Cursor.Digest || rs.Cursor.LSN != storage.ZeroOffset {
+		t.Fatalf("resume snapshot %+v, want the new log's start (%q)", rs.Cursor, s.Cursor.Digest)
+	}
+}
+
+// The Go client across a reset while connected: the new log's records
+// (whose offsets start again, below the old cursor) are delivered, not
+// dropped as duplicates, and the cursor moves to the new log.
+func TestPersisted_GoClientAcrossALiveReset(t *testing.T) {
+	t.Parallel()
+	n := startPersistNode(t, t.TempDir())
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	var mu sync.Mutex
+	var events []client.EventKind
+	c, err := client.Dial(ctx, n.url, &client.Options{Reconnect: true, OnEvent: func(e client.Event) {
+		mu.Lock()
+		events = append(events, e.Kind)
+		mu.Unlock()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	got := make(chan frames.PatchOp, 100)
+	sub, err := c.Subscribe(ctx, "chat:gc", nil, func(p *frames.Patch) {
+		for _, op := range p.Patches {
+			got <- op
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func(what string) frames.PatchOp {
+		t.Helper()
+		select {
+		case op := <-got:
+			return op
+		case <-ctx.Done():
+			t.Fatalf("%s: no patch", what)
+			return frames.PatchOp{}
+		}
+	}
+	streamRequest(t, n, http.MethodPost, "chat:gc", `[1,2,3,4,5,6]`)
+	for range 6 {
+		next("old log")
+	}
+	before := sub.Cursor()
+	streamRequest(t, n, http.MethodDelete, "chat:gc", "")
+	streamRequest(t, n, http.MethodPut, "chat:gc", "")
+	streamRequest(t, n, http.MethodPost, "chat:gc", `[10,20,30,40]`)
+	for i, want := range []string{"10", "20", "30", "40"} {
+		if op := next("new log"); rowData(t, op) != want || op.LSN != storage.FormatOffset(uint64(i+1)) {
+			t.Fatalf("new log record %d: %s at %s, want %s", i, rowData(t, op), op.LSN, want)
+		}
+	}
+	after := sub.Cursor()
+	if after.LSN != storage.FormatOffset(4) || !strings.HasPrefix(after.Digest, "log:") || after.Digest == before.Digest {
+		t.Fatalf("cursor after the reset %+v, before %+v", after, before)
+	}
+	if d := sub.Duplicates(); d != 0 {
+		t.Fatalf("%d patches dropped as duplicates", d)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	expired := 0
+	for _, k := range events {
+		if k == client.EventCursorExpired {
+			expired++
+		}
+	}
+	if expired == 0 {
+		t.Fatalf("no EventCursorExpired in %v", events)
+	}
+}
