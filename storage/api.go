@@ -92,6 +92,11 @@ type Info struct {
 	Tail         string // offset after the last record; ZeroOffset when empty
 	CreatedAt    time.Time
 
+	// Pruned is the offset up to which retention removed the stream's own
+	// records (ZeroOffset when none): a read after it finds them, unless
+	// a fork's source was pruned further.
+	Pruned string
+
 	// ID tells this stream apart from any other of the same name in the
 	// same database: a stream deleted and made anew gets a new, larger ID.
 	// IDs of different databases are unrelated (pair it with CreatedAt).

@@ -303,6 +303,14 @@ func TestDB_Retention(t *testing.T) {
 	if err != nil || string(res.Records[0].Data) != "03" {
 		t.Fatalf("first retained: %+v %v", res, err)
 	}
+	headPruned := func(want uint64) {
+		t.Helper()
+		in, err := db.Head(ctx, "s")
+		if err != nil || in.Pruned != storage.FormatOffset(want) {
+			t.Fatalf("Head: Pruned %q (%v), want %s", in.Pruned, err, storage.FormatOffset(want))
+		}
+	}
+	headPruned(3)
 	for range 10 {
 		maintain(t, db)
 	}
@@ -312,6 +320,7 @@ func TestDB_Retention(t *testing.T) {
 	if err != nil || len(res.Records) != 10 || string(res.Records[0].Data) != "20" {
 		t.Fatalf("after pruning: %d records, %v", len(res.Records), err)
 	}
+	headPruned(20)
 
 	// Per-stream override, by bytes, whole appends.
 	mustCreate(t, db, "b", storage.CreateOptions{Retention: &storage.Retention{MaxBytes: 10}})

@@ -228,6 +228,7 @@ func (m *meta) info() Info {
 		Tail:         FormatOffset(m.Tail),
 		CreatedAt:    m.Created,
 		ID:           m.ID,
+		Pruned:       FormatOffset(max(m.Pruned, m.Base)),
 	}
 	if m.SrcID != 0 {
 		in.ForkFrom = m.ForkFrom

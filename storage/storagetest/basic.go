@@ -60,6 +60,7 @@ var createTests = []test{
 		if in.ID == 0 {
 			t.Fatal("ID is zero")
 		}
+		eq(t, "Pruned", in.Pruned, storage.ZeroOffset)
 		res, err := h.l.Read(h.ctx, "s", storage.ZeroOffset, 0)
 		if err != nil {
 			t.Fatal(err)
