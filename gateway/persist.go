@@ -298,6 +298,29 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 		after, cur = storage.ZeroOffset, now
 		return true
 	}
+	// skipPruned handles a read of the stream tailed that found what
+	// comes after `after` removed by retention (the tailer fell behind, or
+	// reset onto a log whose start was pruned): it moves to the oldest
+	// record kept (the tail, if a fork's source was pruned further) and
+	// tells the subscribers (skipTail).
+	skipPruned := func() bool {
+		info, err := srv.cfg.Log.Head(ctx, t.topic)
+		if err != nil || identOf(info) != cur {
+			return false
+		}
+		to := info.Pruned
+		if to <= after {
+			to = info.Tail
+		}
+		if to <= after {
+			return false
+		}
+		log.Warn("persisted topic: retention removed records before they were delivered; subscribers skip them",
+			"after", after, "to", to)
+		srv.skipTail(ctx, t, to, cur)
+		after = to
+		return true
+	}
 	var body []byte
 	for {
 		if cur == (logIdent{}) {
@@ -331,7 +354,7 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 			return
 		}
 		if err != nil {
-			if replaced(err) {
+			if replaced(err) || errors.Is(err, storage.ErrGone) && skipPruned() {
 				continue
 			}
 			if retry("read", err) {
@@ -340,9 +363,11 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 			return
 		}
 		if res.ID != cur.id {
-			// Made anew since the wait: the page is another log's.
-			// (Head may lag the read by a commit; then look again.)
-			replaced(storage.ErrNotFound)
+			// Made anew since the wait: the page is another log's. Head
+			// may lag the read by a commit: then look again in a while.
+			if !replaced(storage.ErrNotFound) && !pause() {
+				return
+			}
 			continue
 		}
 		if len(res.Records) == 0 {
@@ -377,11 +402,29 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 	}
 }
 
-// logResetMark starts a message the tailer hands to the transport when the
-// topic's stream was replaced, followed by the new log's digest: JSON never
-// starts with it, so a subscription tells it from a patch body (Deliver)
-// without decoding.
-const logResetMark = 0
+// A log mark is a message the tailer hands to the transport instead of a
+// record, to move every subscription: logMarkStart (JSON never starts with
+// it, so a subscription tells a mark from a patch body without decoding),
+// the kind, the offset the subscription continues after, and the log's
+// digest.
+const (
+	logMarkStart = 0
+	markReplaced = 'r' // the stream was deleted or made anew
+	markPruned   = 'p' // retention removed records not yet delivered
+)
+
+func logMark(kind byte, at string, l logIdent) []byte {
+	return append(append([]byte{logMarkStart, kind}, at...), l.digest()...)
+}
+
+// parseLogMark splits a log mark; ok is false if b is not one.
+func parseLogMark(b []byte) (kind byte, at, digest string, ok bool) {
+	n := len(storage.ZeroOffset)
+	if len(b) < 2+n || b[0] != logMarkStart {
+		return 0, "", "", false
+	}
+	return b[1], string(b[2 : 2+n]), string(b[2+n:]), true
+}
 
 // resetTail moves t to the start of the topic's stream now (to, zero if
 // there is none), and tells every subscription: each answers with
@@ -392,9 +435,34 @@ func (srv *Server) resetTail(ctx context.Context, t *tailer, to logIdent) {
 	mu.Lock()
 	defer mu.Unlock()
 	t.published, t.log = storage.ZeroOffset, to
-	if err := srv.transport.Publish(ctx, t.topic, append([]byte{logResetMark}, to.digest()...)); err != nil {
+	if err := srv.transport.Publish(ctx, t.topic, logMark(markReplaced, storage.ZeroOffset, to)); err != nil {
 		srv.log.Warn("persisted topic: fanout failed", "topic", t.topic, "err", err)
 	}
+}
+
+// skipTail moves t past records retention removed before it read them, to
+// offset to of log l, and tells every subscription: each answers with
+// X_CURSOR_EXPIRED and a snapshot at to (logGap), and the records after it
+// follow live.
+func (srv *Server) skipTail(ctx context.Context, t *tailer, to string, l logIdent) {
+	mu := srv.seq.stripe(t.topic)
+	mu.Lock()
+	defer mu.Unlock()
+	t.published = to
+	if err := srv.transport.Publish(ctx, t.topic, logMark(markPruned, to, l)); err != nil {
+		srv.log.Warn("persisted topic: fanout failed", "topic", t.topic, "err", err)
+	}
+}
+
+// logGap answers a skip of the subscription's topic log (skipTail); a
+// replaying subscription reads on from the log instead (holdGap).
+func (sub *subscription) logGap(at, digest string) {
+	s := sub.s
+	s.srv.metrics.resumes[resumeExpired].Inc()
+	s.sendError(frames.NewError(frames.CodeCursorExpired, sub.sid,
+		"topic "+quote(sub.topic)+"'s records up to "+quote(at)+" were removed by retention before they could be delivered",
+		"treat messages after your cursor as lost; the snapshot that follows continues the subscription"))
+	s.sendSnapshot(sub.sid, sub.topic, at, digest)
 }
 
 // logReset answers a reset of the subscription's topic log to the log
@@ -452,6 +520,20 @@ func (r *replay) holdReset() bool {
 		return false
 	}
 	r.held, r.lost, r.reset = nil, false, true
+	return true
+}
+
+// holdGap records a skip of the topic's log (skipTail) while the
+// subscription replays: what was held is dropped as if it had overflowed,
+// so the replayer reads on from the log to the tailer's new position and
+// meets the pruned records itself. It reports false once live.
+func (r *replay) holdGap() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.active {
+		return false
+	}
+	r.held, r.lost = nil, true
 	return true
 }
 
@@ -588,9 +670,15 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 			switch {
 			case ctx.Err() != nil:
 				return
-			case errors.Is(err, storage.ErrGone) && first:
-				expired("offset "+quote(after)+" is older than what topic "+quote(sub.topic)+" keeps (retention)", through)
-				first, after = false, through
+			case errors.Is(err, storage.ErrGone):
+				if to, ok := s.prunedTo(ctx, sub.topic, cur, after, through); ok {
+					// Pruned by retention: the client is told, and the
+					// replay goes on from the oldest record kept.
+					expired("offset "+quote(after)+" is older than what topic "+quote(sub.topic)+" keeps (retention)", to)
+					first, after = false, to
+					continue
+				}
+				after = through // replaced: the tailer's reset follows
 				continue
 			case errors.Is(err, storage.ErrNotFound) || errors.Is(err, storage.ErrGone) || errors.Is(err, storage.ErrBadRequest),
 				err == nil && res.ID != cur.id:
@@ -666,6 +754,22 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 		mu.Unlock()
 		return
 	}
+}
+
+// prunedTo returns where a replay of log l reading after `after` (up to
+// through) goes on when the read found the records pruned: the oldest
+// record kept, or through if the log kept none of the window. It reports
+// false when the stream is not l any more.
+func (s *session) prunedTo(ctx context.Context, topic string, l logIdent, after, through string) (string, bool) {
+	info, err := s.srv.cfg.Log.Head(ctx, topic)
+	if err != nil || identOf(info) != l {
+		return "", false
+	}
+	to := info.Pruned
+	if to <= after || to > through {
+		to = through
+	}
+	return to, true
 }
 
 // catchUpWait bounds how long a resume waits for the topic's tailer to

@@ -309,3 +309,103 @@ func TestPersisted_GoClientAcrossALiveReset(t *testing.T) {
 		t.Fatalf("no EventCursorExpired in %v", events)
 	}
 }
+
+// A tailer that falls behind retention (here: held until maintenance has
+// pruned records it never read) skips to the oldest record kept and tells
+// its subscribers, instead of retrying the pruned read forever.
+func TestPersisted_TailerBehindRetention(t *testing.T) {
+	t.Parallel()
+	db, err := storage.Open(filepath.Join(t.TempDir(), "log.db"), &storage.Options{
+		Retention: storage.Retention{MaxRecords: 2}, MaintenanceInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	log := &gatedLog{DB: db, open: make(chan struct{})}
+	gw, err := gateway.New(gateway.Config{Log: log, Persist: []string{"chat:*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newTestServerFor(t, gw)
+	const topic = "chat:behind"
+	live := gwtest.Dial(t, srv.url, nil)
+	live.Hello("", 0)
+	snap := live.Subscribe("l", topic) // the tailer, gated, at the empty log
+	ctx := t.Context()
+	for _, rec := range newLogRecords { // one append each: retention removes whole appends
+		if _, err := db.Append(ctx, topic, storage.AppendRequest{Records: [][]byte{rec}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gwtest.Eventually(t, 10*time.Second, "retention keeps the last 2 records", func() bool {
+		in, err := db.Head(ctx, topic)
+		return err == nil && in.Pruned == storage.FormatOffset(3)
+	})
+	close(log.open)
+	ack := gwtest.Expect[*frames.Ack](live)
+	if ack.Ref != "l" || ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired || !strings.Contains(ack.Error.Cause, "retention") {
+		t.Fatalf("after the skip: ack %+v, want X_CURSOR_EXPIRED naming retention", ack.Error)
+	}
+	if s := gwtest.Expect[*frames.Snapshot](live); s.Cursor.LSN != storage.FormatOffset(3) || s.Cursor.Digest != snap.Cursor.Digest {
+		t.Fatalf("after the skip: snapshot %+v, want one at %s of the same log", s.Cursor, storage.FormatOffset(3))
+	}
+	ops := collect(t, live, "l", 2)
+	if rowData(t, ops[0]) != string(newLogRecords[3]) || rowData(t, ops[1]) != string(newLogRecords[4]) {
+		t.Fatalf("kept records: %+v", ops)
+	}
+	if _, err := db.Append(ctx, topic, storage.AppendRequest{Records: [][]byte{[]byte(`"after"`)}}); err != nil {
+		t.Fatal(err)
+	}
+	if op := collect(t, live, "l", 1)[0]; rowData(t, op) != `"after"` || op.LSN != storage.FormatOffset(6) {
+		t.Fatalf("a record appended after the skip: %+v", op)
+	}
+	// A subscriber that joins now starts after what was delivered.
+	late := gwtest.Dial(t, srv.url, nil)
+	late.Hello("", 0)
+	if s := late.Subscribe("l", topic); s.Cursor.LSN != storage.FormatOffset(6) {
+		t.Fatalf("a later subscriber's snapshot at %s, want %s", s.Cursor.LSN, storage.FormatOffset(6))
+	}
+}
+
+// A resume with a deleted log's cursor starts over in the new log, whose
+// start retention has already removed: the client is told twice (deleted,
+// then pruned), and gets what the new log keeps.
+func TestPersisted_ResumeIntoAPrunedLog(t *testing.T) {
+	t.Parallel()
+	n := startPersistNodeWith(t, t.TempDir(), &storage.Options{
+		Retention: storage.Retention{MaxRecords: 2}, MaintenanceInterval: 10 * time.Millisecond})
+	const topic = "chat:reprune"
+	c := gwtest.Dial(t, n.url, nil)
+	c.Hello("", 0)
+	snap := c.Subscribe("s", topic)
+	streamRequest(t, n, http.MethodPost, topic, `{"old":0}`)
+	cursor := snap.Cursor
+	cursor.LSN = collect(t, c, "s", 1)[0].LSN
+	c.Close()
+	waitMetric(t, n, "syncgate_persisted_tailers 0")
+	streamRequest(t, n, http.MethodDelete, topic, "")
+	streamRequest(t, n, http.MethodPut, topic, "")
+	for _, rec := range newLogRecords {
+		streamRequest(t, n, http.MethodPost, topic, string(rec))
+	}
+	gwtest.Eventually(t, 10*time.Second, "retention keeps the new log's last 2 records", func() bool {
+		in, err := n.db.Head(t.Context(), topic)
+		return err == nil && in.Pruned == storage.FormatOffset(3)
+	})
+	r := gwtest.Dial(t, n.url, nil)
+	r.Hello("", 0)
+	r.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "s", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic, Cursor: &cursor}})
+	for _, want := range []struct{ cause, lsn string }{{"deleted", storage.ZeroOffset}, {"retention", storage.FormatOffset(3)}} {
+		ack := gwtest.Expect[*frames.Ack](r)
+		if ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired || !strings.Contains(ack.Error.Cause, want.cause) {
+			t.Fatalf("want X_CURSOR_EXPIRED naming %q, got %+v", want.cause, ack.Error)
+		}
+		if s := gwtest.Expect[*frames.Snapshot](r); s.Cursor.LSN != want.lsn || s.Cursor.Digest == cursor.Digest {
+			t.Fatalf("snapshot %+v, want one at %s of the new log", s.Cursor, want.lsn)
+		}
+	}
+	ops := collect(t, r, "s", 2)
+	if rowData(t, ops[0]) != string(newLogRecords[3]) || rowData(t, ops[1]) != string(newLogRecords[4]) {
+		t.Fatalf("kept records: %+v", ops)
+	}
+}

@@ -3,7 +3,6 @@ package gateway_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -429,17 +428,23 @@ func TestPersisted_CursorPrunedByRetention(t *testing.T) {
 	for i := range 20 {
 		lsns = append(lsns, *c.Publish(fmt.Sprint("k", i), int64(i), "chat:p", fmt.Sprint(i)).LSN)
 	}
-	gwtest.Eventually(t, 10*time.Second, "retention prunes the topic's log", func() bool {
-		_, err := n.db.Read(context.Background(), "chat:p", lsns[0], 0)
-		return errors.Is(err, storage.ErrGone)
+	gwtest.Eventually(t, 10*time.Second, "retention prunes the topic's log to its last 5", func() bool {
+		in, err := n.db.Head(context.Background(), "chat:p")
+		return err == nil && in.Pruned == lsns[14]
 	})
+	// The client is told, then gets what the log still keeps, then live.
 	sendResume(c, "s", "chat:p", lsns[0])
 	ack := gwtest.Expect[*frames.Ack](c)
 	if ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired || !strings.Contains(ack.Error.Cause, "retention") {
 		t.Fatalf("resume from a pruned offset: %+v", ack)
 	}
-	if snap := gwtest.Expect[*frames.Snapshot](c); snap.Cursor.LSN != lsns[19] {
-		t.Fatalf("snapshot at %s, want the tail %s", snap.Cursor.LSN, lsns[19])
+	if snap := gwtest.Expect[*frames.Snapshot](c); snap.Cursor.LSN != lsns[14] {
+		t.Fatalf("snapshot at %s, want the last pruned offset %s", snap.Cursor.LSN, lsns[14])
+	}
+	for i, op := range collect(t, c, "s", 5) {
+		if op.LSN != lsns[15+i] {
+			t.Fatalf("kept record %d at %s, want %s", i, op.LSN, lsns[15+i])
+		}
 	}
 	live := c.Publish("live", 20, "chat:p", `"live"`)
 	if op := collect(t, c, "s", 1)[0]; op.LSN != *live.LSN {

@@ -91,9 +91,16 @@ type subscription struct {
 
 // Deliver queues a broadcast patch for the session; it never blocks.
 func (sub *subscription) Deliver(m *fanout.Message) {
-	if len(m.Data) > 0 && m.Data[0] == logResetMark {
-		if sub.replay == nil || !sub.replay.holdReset() {
-			sub.logReset(string(m.Data[1:]))
+	if kind, at, digest, ok := parseLogMark(m.Data); ok {
+		switch kind {
+		case markReplaced:
+			if sub.replay == nil || !sub.replay.holdReset() {
+				sub.logReset(digest)
+			}
+		case markPruned:
+			if sub.replay == nil || !sub.replay.holdGap() {
+				sub.logGap(at, digest)
+			}
 		}
 		return
 	}
