@@ -251,6 +251,12 @@ func (cn *conn) handleFrameHello(f *frames.Hello) {
 }
 
 func (cn *conn) handleFrameAck(f *frames.Ack) {
+	if cn.handleResetAck(f) {
+		// A live subscription's log was replaced; its snapshot follows.
+		// (Before the waiters: a drop of it may be waiting, and the drop
+		// is never answered X_CURSOR_EXPIRED.)
+		return
+	}
 	c := cn.c
 	c.mu.Lock()
 	if ws := cn.pending[f.Ref]; len(ws) > 0 {
@@ -281,8 +287,6 @@ func (cn *conn) handleFrameAck(f *frames.Ack) {
 		cn.gotHello = true
 		cn.helloErr = ackError(f)
 		close(cn.helloc)
-	case !ok && cn.handleResetAck(f):
-		// A live subscription's log was replaced; its snapshot follows.
 	case !ok && c.opts.Reconnect && len(f.Ref) > len(c.keyPrefix) && f.Ref[:len(c.keyPrefix)] == c.keyPrefix:
 		// The second ack of a mutate sent on two connections (a
 		// take-over re-sent it): the first one counted.

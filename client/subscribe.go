@@ -35,7 +35,7 @@ type Subscription struct {
 	via       *conn        // the connection of the latest subscribe add
 	expiredOn *conn        // that add was answered X_CURSOR_EXPIRED
 	snapOn    *conn        // the connection whose snapshot s follows
-	resetOn   *conn        // snapOn said X_CURSOR_EXPIRED while live: its next snapshot replaces the position
+	resetOn   *conn        // snapOn said X_CURSOR_EXPIRED while live: its next snapshot is the new position
 	resume    *resumeGroup // the take-over waiting for its snapshot, or nil
 
 	// dmu is the delivery lock: two connections may carry patches for the
@@ -233,10 +233,11 @@ func (cn *conn) handleFrameSnapshot(f *frames.Snapshot) {
 	c := cn.c
 	c.mu.Lock()
 	s, ok := c.subs[f.SID]
-	if ok && s.via == cn && s.snapOn == cn && s.resetOn == cn {
+	if ok && s.snapOn == cn && s.resetOn == cn {
 		s.resetOn = nil
+		takeover := s.via != cn
 		c.mu.Unlock()
-		s.reset(cn, f)
+		s.reset(cn, f, takeover)
 		return
 	}
 	if !ok || s.via != cn || s.snapOn == cn {
@@ -284,9 +285,12 @@ func (cn *conn) handleFrameSnapshot(f *frames.Snapshot) {
 }
 
 // handleResetAck takes an X_CURSOR_EXPIRED the server sends a live
-// subscription on its own (its topic's log was replaced): the snapshot
-// that follows is the subscription's new position. It reports whether a
-// was such an ack.
+// subscription on its own, on the connection the subscription follows
+// (its topic's log was replaced, or records were pruned before delivery):
+// the snapshot that follows is the subscription's new position. It
+// reports whether a was such an ack. A subscribe add is never pending for
+// a subscription on the connection it follows, so the ack cannot be one's
+// answer.
 func (cn *conn) handleResetAck(a *frames.Ack) bool {
 	if a.Error == nil || a.Error.Code != frames.CodeCursorExpired {
 		return false
@@ -295,7 +299,7 @@ func (cn *conn) handleResetAck(a *frames.Ack) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s, ok := c.subs[a.Ref]
-	if !ok || !s.settled || s.via != cn || s.snapOn != cn {
+	if !ok || !s.settled || s.snapOn != cn {
 		return false
 	}
 	s.resetOn = cn
@@ -303,10 +307,21 @@ func (cn *conn) handleResetAck(a *frames.Ack) bool {
 }
 
 // reset moves the subscription to the snapshot f that followed a reset
-// on cn: its cursor (another log, whose offsets start again) replaces the
-// old one, so the new log's patches are not taken for ones already seen.
-func (s *Subscription) reset(cn *conn, f *frames.Snapshot) {
+// on cn: its cursor (of another log, whose offsets start again, or past a
+// gap) replaces the old one, so the patches that follow are not taken for
+// ones already seen. During a take-over (the subscription was resent on
+// another connection, which will answer from the cursor the Client had)
+// cn's patches are no longer delivered: the new connection's answer,
+// which also reports the reset, carries on.
+func (s *Subscription) reset(cn *conn, f *frames.Snapshot, takeover bool) {
 	s.dmu.Lock()
+	if takeover {
+		if s.from == cn {
+			s.from = nil
+		}
+		s.dmu.Unlock()
+		return
+	}
 	s.mu.Lock()
 	s.cursor = f.Cursor
 	s.mu.Unlock()

@@ -1,0 +1,364 @@
+package client_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/syncgate/syncgate/client"
+	"github.com/syncgate/syncgate/frames"
+)
+
+// A persisted topic's log replaced (or pruned ahead of delivery) while a
+// subscription is live: the server sends X_CURSOR_EXPIRED with ref = the
+// sid, then a snapshot, on its own. These tests drive the server side by
+// hand (scripted), since the interleavings they need (a reset between a
+// drop and its ack, a reset on the old connection during a take-over) are
+// timing the real gateway does not let a test choose. The gateway's
+// TestPersisted_GoClientAcrossALiveReset covers the plain case end to end.
+
+// scripted is a WebSocket server that answers hello and hands each
+// connection to the test, which reads what the client sends and writes
+// what the server would.
+type scripted struct {
+	srv   *httptest.Server
+	conns chan *scriptConn
+}
+
+type scriptConn struct {
+	ws *websocket.Conn
+	in chan frames.Frame // what the client sent, hello excepted
+}
+
+func newScripted(t *testing.T) *scripted {
+	t.Helper()
+	s := &scripted{conns: make(chan *scriptConn, 8)}
+	var wg sync.WaitGroup
+	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		wg.Add(1)
+		defer wg.Done()
+		defer ws.CloseNow()
+		sc := &scriptConn{ws: ws, in: make(chan frames.Frame, 64)}
+		s.conns <- sc
+		id := "sess"
+		for {
+			_, msg, err := ws.Read(context.Background())
+			if err != nil {
+				return
+			}
+			frames.Split(msg, func(line []byte) bool {
+				f, err := frames.Decode(line)
+				if err != nil {
+					t.Errorf("scripted server: %v", err)
+					return false
+				}
+				if h, ok := f.(*frames.Hello); ok {
+					b, _ := frames.Encode(&frames.Hello{BuildID: "scripted", SessionID: &id, Resume: []frames.Cursor{}, ClientID: h.ClientID, Epoch: h.Epoch})
+					_ = ws.Write(context.Background(), websocket.MessageText, b)
+					return true
+				}
+				sc.in <- f
+				return true
+			})
+		}
+	}))
+	t.Cleanup(func() {
+		s.srv.CloseClientConnections()
+		s.srv.Close()
+		wg.Wait()
+	})
+	return s
+}
+
+func (s *scripted) url() string { return "ws" + strings.TrimPrefix(s.srv.URL, "http") + "/v1/ws" }
+
+func (s *scripted) next(t *testing.T) *scriptConn {
+	t.Helper()
+	select {
+	case sc := <-s.conns:
+		return sc
+	case <-time.After(10 * time.Second):
+		t.Fatal("no connection")
+		return nil
+	}
+}
+
+// send writes fs to the client, one message each.
+func (sc *scriptConn) send(t *testing.T, fs ...frames.Frame) {
+	t.Helper()
+	for _, f := range fs {
+		b, err := frames.Encode(f)
+		noErr(t, err)
+		noErr(t, sc.ws.Write(context.Background(), websocket.MessageText, b))
+	}
+}
+
+// expect returns the next frame the client sent, which must be a T.
+func expect[T frames.Frame](t *testing.T, sc *scriptConn) T {
+	t.Helper()
+	select {
+	case f := <-sc.in:
+		v, ok := f.(T)
+		if !ok {
+			t.Fatalf("client sent %T %+v, want %T", f, f, v)
+		}
+		return v
+	case <-time.After(10 * time.Second):
+		var z T
+		t.Fatalf("client sent no %T", z)
+		return z
+	}
+}
+
+func lsnOf(n int) string { return frames.FormatOffset(0, uint64(n)) }
+
+func topicSnapshot(sid string, lsn int, digest string) *frames.Snapshot {
+	return &frames.Snapshot{SID: sid, Rows: []json.RawMessage{}, Cursor: frames.Cursor{
+		QID: "topic:p:t", LSN: lsnOf(lsn), Digest: digest, IDs: []string{}, At: 1}}
+}
+
+func insert(sid string, lsn int, data string) *frames.Patch {
+	l := lsnOf(lsn)
+	row := json.RawMessage(`{"id":"` + l + `","data":"` + data + `","actorId":null,"at":1}`)
+	return &frames.Patch{SID: sid, LSN: l, Patches: []frames.PatchOp{{Op: frames.PatchInsert, ID: l, LSN: l, Row: row}}}
+}
+
+func cursorExpired(ref string) *frames.Ack {
+	return &frames.Ack{Ref: ref, Error: &frames.ErrorBody{Code: frames.CodeCursorExpired, Cause: "the log was made anew", Fix: "start again"}}
+}
+
+// dataOf returns a patch op's row data.
+func dataOf(t *testing.T, op frames.PatchOp) string {
+	t.Helper()
+	var row struct{ Data string }
+	noErr(t, json.Unmarshal(op.Row, &row))
+	return row.Data
+}
+
+// recorder collects what a subscription's handler and the Client's events
+// and unclaimed frames report.
+type recorder struct {
+	mu     sync.Mutex
+	data   []string
+	events []client.EventKind
+	frames []frames.Frame
+	marked chan struct{} // closed when an ack with ref "marker" goes to OnFrame
+}
+
+func newRecorder() *recorder { return &recorder{marked: make(chan struct{})} }
+
+func (r *recorder) options() *client.Options {
+	return &client.Options{Reconnect: true, ClientID: "c1",
+		OnEvent: func(e client.Event) {
+			r.mu.Lock()
+			r.events = append(r.events, e.Kind)
+			r.mu.Unlock()
+		},
+		OnFrame: func(f frames.Frame) {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.frames = append(r.frames, f)
+			if a, ok := f.(*frames.Ack); ok && a.Ref == "marker" {
+				close(r.marked)
+			}
+		}}
+}
+
+func (r *recorder) handler(t *testing.T) func(*frames.Patch) {
+	return func(p *frames.Patch) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for _, op := range p.Patches {
+			r.data = append(r.data, dataOf(t, op))
+		}
+	}
+}
+
+// waitData waits until the handler has seen n ops and returns them.
+func (r *recorder) waitData(t *testing.T, n int) []string {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		r.mu.Lock()
+		got := append([]string(nil), r.data...)
+		r.mu.Unlock()
+		if len(got) >= n {
+			return got
+		}
+		select {
+		case <-deadline:
+			t.Fatalf("handler saw %v, want %d ops", got, n)
+		case <-tick.C:
+		}
+	}
+}
+
+func (r *recorder) count(k client.EventKind) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, e := range r.events {
+		if e == k {
+			n++
+		}
+	}
+	return n
+}
+
+// subscribeScripted subscribes on sc's client and answers with an ack and
+// a snapshot at lsn 0 of log "log:a".
+func subscribeScripted(t *testing.T, ctx context.Context, c *client.Client, sc *scriptConn, handler func(*frames.Patch)) *client.Subscription {
+	t.Helper()
+	done := make(chan *client.Subscription, 1)
+	go func() {
+		sub, err := c.Subscribe(ctx, "p:t", nil, handler)
+		if err != nil {
+			t.Errorf("subscribe: %v", err)
+		}
+		done <- sub
+	}()
+	add := expect[*frames.Subscribe](t, sc)
+	sc.send(t, &frames.Ack{Ref: add.SID}, topicSnapshot(add.SID, 0, "log:a"))
+	sub := <-done
+	if sub == nil {
+		t.FailNow()
+	}
+	return sub
+}
+
+func TestSubscription_ResetWhileLive(t *testing.T) {
+	s := newScripted(t)
+	ctx := testCtx(t)
+	rec := newRecorder()
+	c, err := client.Dial(ctx, s.url(), rec.options())
+	noErr(t, err)
+	defer c.Close()
+	sc := s.next(t)
+	sub := subscribeScripted(t, ctx, c, sc, rec.handler(t))
+	sid := sub.SID()
+	sc.send(t, insert(sid, 1, "old1"), insert(sid, 2, "old2"), insert(sid, 3, "old3"))
+	rec.waitData(t, 3)
+	// The log made anew: its offsets start again, below the cursor.
+	sc.send(t, cursorExpired(sid), topicSnapshot(sid, 0, "log:b"), insert(sid, 1, "new1"), insert(sid, 2, "new2"))
+	got := rec.waitData(t, 5)
+	if strings.Join(got, ",") != "old1,old2,old3,new1,new2" {
+		t.Fatalf("handler saw %v", got)
+	}
+	if cur := sub.Cursor(); cur.LSN != lsnOf(2) || cur.Digest != "log:b" {
+		t.Fatalf("cursor %+v, want the new log's at %s", cur, lsnOf(2))
+	}
+	if d := sub.Duplicates(); d != 0 {
+		t.Fatalf("%d dropped as duplicates", d)
+	}
+	if n := rec.count(client.EventCursorExpired); n != 1 {
+		t.Fatalf("%d EventCursorExpired, want 1", n)
+	}
+}
+
+// The server queued the reset before it read the client's drop: the
+// drop's ack comes after the reset's, and Drop must take its own.
+func TestSubscription_ResetBeforeDropAck(t *testing.T) {
+	s := newScripted(t)
+	ctx := testCtx(t)
+	rec := newRecorder()
+	c, err := client.Dial(ctx, s.url(), rec.options())
+	noErr(t, err)
+	defer c.Close()
+	sc := s.next(t)
+	sub := subscribeScripted(t, ctx, c, sc, nil)
+	sid := sub.SID()
+	dropped := make(chan error, 1)
+	go func() { dropped <- sub.Drop(ctx) }()
+	if f := expect[*frames.Subscribe](t, sc); f.Op != frames.OpDrop || f.SID != sid {
+		t.Fatalf("client sent %+v, want the drop", f)
+	}
+	sc.send(t, cursorExpired(sid), topicSnapshot(sid, 0, "log:b"), &frames.Ack{Ref: sid})
+	if err := <-dropped; err != nil {
+		t.Fatalf("Drop: %v (the reset's ack taken for the drop's?)", err)
+	}
+	select {
+	case _, open := <-sub.Patches():
+		if open {
+			t.Fatal("a patch after the drop")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Patches not closed after the drop")
+	}
+	// The dropped subscription is not resubscribed on the next connection.
+	sc.send(t, &frames.Reconnect{AfterMs: 0, Reason: frames.ReasonDrain})
+	sc2 := s.next(t)
+	deadline := time.After(10 * time.Second)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for rec.count(client.EventResumed) == 0 {
+		select {
+		case <-deadline:
+			t.Fatal("no take-over")
+		case <-tick.C:
+		}
+	}
+	select {
+	case f := <-sc2.in:
+		t.Fatalf("the new connection got %T %+v", f, f)
+	default:
+	}
+}
+
+// A reset on the old connection while a take-over waits for the new
+// connection's answer: the old connection's patches of the new log are
+// not delivered as continuing the old one; the new connection, asked to
+// resume from the old log's cursor, answers with the reset and the new
+// log from its start.
+func TestSubscription_ResetDuringTakeOver(t *testing.T) {
+	s := newScripted(t)
+	ctx := testCtx(t)
+	rec := newRecorder()
+	c, err := client.Dial(ctx, s.url(), rec.options())
+	noErr(t, err)
+	defer c.Close()
+	sc1 := s.next(t)
+	sub := subscribeScripted(t, ctx, c, sc1, rec.handler(t))
+	sid := sub.SID()
+	sc1.send(t, insert(sid, 1, "old1"), insert(sid, 2, "old2"), insert(sid, 3, "old3"))
+	rec.waitData(t, 3)
+	sc1.send(t, &frames.Reconnect{AfterMs: 0, Reason: frames.ReasonDrain})
+	sc2 := s.next(t)
+	resume := expect[*frames.Subscribe](t, sc2)
+	if cur := resume.Target.Cursor; cur == nil || cur.LSN != lsnOf(3) || cur.Digest != "log:a" {
+		t.Fatalf("resume cursor %+v, want the old log's at %s", resume.Target.Cursor, lsnOf(3))
+	}
+	// The old node resets; a marker shows when the client has read it all.
+	sc1.send(t, cursorExpired(sid), topicSnapshot(sid, 0, "log:b"),
+		insert(sid, 1, "new1"), insert(sid, 2, "new2"), insert(sid, 3, "new3"), insert(sid, 4, "new4"),
+		&frames.Ack{Ref: "marker"})
+	select {
+	case <-rec.marked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the old connection's frames were not read")
+	}
+	sc2.send(t, cursorExpired(resume.SID), topicSnapshot(resume.SID, 0, "log:b"),
+		insert(sid, 1, "new1"), insert(sid, 2, "new2"), insert(sid, 3, "new3"), insert(sid, 4, "new4"))
+	got := rec.waitData(t, 7)
+	if strings.Join(got, ",") != "old1,old2,old3,new1,new2,new3,new4" {
+		t.Fatalf("handler saw %v", got)
+	}
+	if cur := sub.Cursor(); cur.LSN != lsnOf(4) || cur.Digest != "log:b" {
+		t.Fatalf("cursor %+v, want the new log's at %s", cur, lsnOf(4))
+	}
+	if n := rec.count(client.EventCursorExpired); n != 1 {
+		t.Fatalf("%d EventCursorExpired, want 1 (from the take-over)", n)
+	}
+}
