@@ -239,14 +239,21 @@ func subscribeScripted(t *testing.T, ctx context.Context, c *client.Client, sc *
 	return sub
 }
 
-func TestSubscription_ResetWhileLive(t *testing.T) {
+// startScripted dials a reconnecting Client (events and unclaimed frames
+// recorded) to a scripted server and returns its first connection.
+func startScripted(t *testing.T) (context.Context, *recorder, *client.Client, *scripted, *scriptConn) {
+	t.Helper()
 	s := newScripted(t)
 	ctx := testCtx(t)
 	rec := newRecorder()
 	c, err := client.Dial(ctx, s.url(), rec.options())
 	noErr(t, err)
-	defer c.Close()
-	sc := s.next(t)
+	t.Cleanup(func() { c.Close() })
+	return ctx, rec, c, s, s.next(t)
+}
+
+func TestSubscription_ResetWhileLive(t *testing.T) {
+	ctx, rec, c, _, sc := startScripted(t)
 	sub := subscribeScripted(t, ctx, c, sc, rec.handler(t))
 	sid := sub.SID()
 	sc.send(t, insert(sid, 1, "old1"), insert(sid, 2, "old2"), insert(sid, 3, "old3"))
@@ -271,13 +278,7 @@ func TestSubscription_ResetWhileLive(t *testing.T) {
 // The server queued the reset before it read the client's drop: the
 // drop's ack comes after the reset's, and Drop must take its own.
 func TestSubscription_ResetBeforeDropAck(t *testing.T) {
-	s := newScripted(t)
-	ctx := testCtx(t)
-	rec := newRecorder()
-	c, err := client.Dial(ctx, s.url(), rec.options())
-	noErr(t, err)
-	defer c.Close()
-	sc := s.next(t)
+	ctx, rec, c, s, sc := startScripted(t)
 	sub := subscribeScripted(t, ctx, c, sc, nil)
 	sid := sub.SID()
 	dropped := make(chan error, 1)
@@ -323,13 +324,7 @@ func TestSubscription_ResetBeforeDropAck(t *testing.T) {
 // resume from the old log's cursor, answers with the reset and the new
 // log from its start.
 func TestSubscription_ResetDuringTakeOver(t *testing.T) {
-	s := newScripted(t)
-	ctx := testCtx(t)
-	rec := newRecorder()
-	c, err := client.Dial(ctx, s.url(), rec.options())
-	noErr(t, err)
-	defer c.Close()
-	sc1 := s.next(t)
+	ctx, rec, c, s, sc1 := startScripted(t)
 	sub := subscribeScripted(t, ctx, c, sc1, rec.handler(t))
 	sid := sub.SID()
 	sc1.send(t, insert(sid, 1, "old1"), insert(sid, 2, "old2"), insert(sid, 3, "old3"))

@@ -41,6 +41,22 @@ func waitMetric(t *testing.T, n *persistNode, want string) {
 	}
 }
 
+// startWrappedNode starts a gateway persisting chat:* on a bbolt log in a
+// temp dir, seen through wrap (a log that holds or watches the tailer).
+func startWrappedNode(t *testing.T, opts *storage.Options, wrap func(*storage.DB) gateway.StreamLog) (*storage.DB, *testServer) {
+	t.Helper()
+	db, err := storage.Open(filepath.Join(t.TempDir(), "log.db"), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	gw, err := gateway.New(gateway.Config{Log: wrap(db), Persist: []string{"chat:*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db, newTestServerFor(t, gw)
+}
+
 // newLogRecords is the body of the stream made anew in these tests.
 var newLogRecords = [][]byte{[]byte(`{"new":0}`), []byte(`{"new":1}`), []byte(`{"new":2}`), []byte(`{"new":3}`), []byte(`{"new":4}`)}
 
@@ -76,17 +92,11 @@ func (l *headSignalLog) Head(ctx context.Context, name string) (storage.Info, er
 // two logs, and dropped the new log's records).
 func TestPersisted_ResetWhileCatchingUp(t *testing.T) {
 	t.Parallel()
-	db, err := storage.Open(filepath.Join(t.TempDir(), "log.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
-	log := &headSignalLog{gatedLog: gatedLog{DB: db, open: make(chan struct{})}, head: make(chan struct{})}
-	gw, err := gateway.New(gateway.Config{Log: log, Persist: []string{"chat:*"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := newTestServerFor(t, gw)
+	var log *headSignalLog
+	db, srv := startWrappedNode(t, nil, func(db *storage.DB) gateway.StreamLog {
+		log = &headSignalLog{gatedLog: gatedLog{DB: db, open: make(chan struct{})}, head: make(chan struct{})}
+		return log
+	})
 	const topic = "chat:catchup"
 	live := gwtest.Dial(t, srv.url, nil)
 	live.Hello("", 0)
@@ -142,17 +152,11 @@ func (l *lagLog) WaitID(ctx context.Context, name, after string, id uint64) erro
 // stops, and the tailer's reset follows.
 func TestPersisted_ReplayNeverReadsANewerLog(t *testing.T) {
 	t.Parallel()
-	db, err := storage.Open(filepath.Join(t.TempDir(), "log.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
-	log := &lagLog{DB: db, held: make(chan struct{}, 1)}
-	gw, err := gateway.New(gateway.Config{Log: log, Persist: []string{"chat:*"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := newTestServerFor(t, gw)
+	var log *lagLog
+	db, srv := startWrappedNode(t, nil, func(db *storage.DB) gateway.StreamLog {
+		log = &lagLog{DB: db, held: make(chan struct{}, 1)}
+		return log
+	})
 	const topic = "chat:lag"
 	live := gwtest.Dial(t, srv.url, nil)
 	live.Hello("", 0)
@@ -315,18 +319,12 @@ func TestPersisted_GoClientAcrossALiveReset(t *testing.T) {
 // its subscribers, instead of retrying the pruned read forever.
 func TestPersisted_TailerBehindRetention(t *testing.T) {
 	t.Parallel()
-	db, err := storage.Open(filepath.Join(t.TempDir(), "log.db"), &storage.Options{
-		Retention: storage.Retention{MaxRecords: 2}, MaintenanceInterval: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
-	log := &gatedLog{DB: db, open: make(chan struct{})}
-	gw, err := gateway.New(gateway.Config{Log: log, Persist: []string{"chat:*"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := newTestServerFor(t, gw)
+	var log *gatedLog
+	db, srv := startWrappedNode(t, &storage.Options{Retention: storage.Retention{MaxRecords: 2}, MaintenanceInterval: 10 * time.Millisecond},
+		func(db *storage.DB) gateway.StreamLog {
+			log = &gatedLog{DB: db, open: make(chan struct{})}
+			return log
+		})
 	const topic = "chat:behind"
 	live := gwtest.Dial(t, srv.url, nil)
 	live.Hello("", 0)

@@ -516,17 +516,11 @@ func (g *gatedLog) WaitID(ctx context.Context, name, after string, id uint64) er
 // the tailer passes it: no X_CURSOR_EXPIRED, nothing twice.
 func TestPersisted_CursorAheadOfTheTailer(t *testing.T) {
 	t.Parallel()
-	db, err := storage.Open(filepath.Join(t.TempDir(), "log.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
-	log := &gatedLog{DB: db, open: make(chan struct{})}
-	gw, err := gateway.New(gateway.Config{Log: log, Persist: []string{"chat:*"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := newTestServerFor(t, gw)
+	var log *gatedLog
+	db, srv := startWrappedNode(t, nil, func(db *storage.DB) gateway.StreamLog {
+		log = &gatedLog{DB: db, open: make(chan struct{})}
+		return log
+	})
 	first := gwtest.Dial(t, srv.url, nil)
 	first.Hello("", 0)
 	first.Subscribe("s", "chat:lag") // starts the tailer at the empty log's tail
