@@ -92,9 +92,9 @@ type Info struct {
 	Tail         string // offset after the last record; ZeroOffset when empty
 	CreatedAt    time.Time
 
-	// Pruned is the offset up to which retention removed the stream's own
-	// records (ZeroOffset when none): a read after it finds them, unless
-	// a fork's source was pruned further.
+	// Pruned is the offset up to which retention removed records the
+	// stream reads (its own, or, from Head, a fork's sources' too;
+	// ZeroOffset when none): a read after it finds what is kept.
 	Pruned string
 
 	// ID tells this stream apart from any other of the same name in the

@@ -321,6 +321,17 @@ func TestDB_Retention(t *testing.T) {
 		t.Fatalf("after pruning: %d records, %v", len(res.Records), err)
 	}
 	headPruned(20)
+	// A fork reads its source up to the fork offset: its Pruned is the
+	// source's, and a read after it works.
+	mustCreate(t, db, "f", storage.CreateOptions{ForkFrom: "s", ForkOffset: storage.FormatOffset(25)})
+	if in, err := db.Head(ctx, "f"); err != nil || in.Pruned != storage.FormatOffset(20) {
+		t.Fatalf("fork: Pruned %q (%v), want the source's %s", in.Pruned, err, storage.FormatOffset(20))
+	}
+	if res, err := db.Read(ctx, "f", storage.FormatOffset(20), 0); err != nil || len(res.Records) != 5 {
+		t.Fatalf("fork read after its Pruned: %d records, %v", len(res.Records), err)
+	}
+	_, err = db.Read(ctx, "f", storage.FormatOffset(19), 0)
+	wantErr(t, "fork read before its Pruned", err, storage.ErrGone)
 
 	// Per-stream override, by bytes, whole appends.
 	mustCreate(t, db, "b", storage.CreateOptions{Retention: &storage.Retention{MaxBytes: 10}})

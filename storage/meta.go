@@ -228,7 +228,7 @@ func (m *meta) info() Info {
 		Tail:         FormatOffset(m.Tail),
 		CreatedAt:    m.Created,
 		ID:           m.ID,
-		Pruned:       FormatOffset(max(m.Pruned, m.Base)),
+		Pruned:       FormatOffset(prunedOf([]segment{{m.ID, m.Base, m.Tail, m.Pruned}})), // a fork's sources: see Head
 	}
 	if m.SrcID != 0 {
 		in.ForkFrom = m.ForkFrom

@@ -89,7 +89,32 @@ func (db *DB) Head(ctx context.Context, name string) (Info, error) {
 	if err := db.live(m, name, db.now()); err != nil {
 		return Info{}, err
 	}
-	return m.info(), nil
+	in := m.info()
+	if m.SrcID != 0 {
+		// A fork's readable start depends on its sources' retention too.
+		err := db.bolt.View(func(tx *bolt.Tx) error {
+			var segBuf [4]segment
+			segs, err := chain(segBuf[:0], m, func(id uint64) (*meta, error) { return db.txMetaByID(tx, id) })
+			in.Pruned = FormatOffset(prunedOf(segs))
+			return err
+		})
+		if err != nil {
+			return Info{}, err
+		}
+	}
+	return in, nil
+}
+
+// prunedOf is the last position retention removed across segs, as
+// [Info].Pruned: a read after it finds no pruned segment (see scan).
+func prunedOf(segs []segment) uint64 {
+	var p uint64
+	for _, s := range segs {
+		if s.pruned > s.lo {
+			p = max(p, min(s.pruned, s.hi))
+		}
+	}
+	return p
 }
 
 // begin runs the checks every call starts with.

@@ -93,6 +93,14 @@ var createTests = []test{
 			t.Fatal(err)
 		}
 		eq(t, "ID from Read", res.ID, a.ID)
+		h.append("b", "x", "y")
+		fork := h.create("bf", storage.CreateOptions{ForkFrom: "b", ForkOffset: off(1)})
+		if fork.ID == b.ID {
+			t.Fatalf("fork shares its source's ID %d", b.ID)
+		}
+		if fh, err := h.l.Head(h.ctx, "bf"); err != nil || fh.Pruned != storage.ZeroOffset {
+			t.Fatalf("fork of an unpruned stream: Pruned %q (%v), want %s", fh.Pruned, err, storage.ZeroOffset)
+		}
 		if err := h.l.Delete(h.ctx, "a"); err != nil {
 			t.Fatal(err)
 		}
