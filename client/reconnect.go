@@ -283,6 +283,13 @@ func (c *Client) takeOver(ctx context.Context, old, next *conn, resumed Event) b
 		c.cur, c.last = next, next
 	} else {
 		ok = false
+		// The subscriptions stay where they were: a reset on that
+		// connection is then not taken for one during a take-over.
+		for _, s := range adds {
+			if s.via == next && s.snapOn != nil {
+				s.via, s.resume = s.snapOn, nil
+			}
+		}
 	}
 	c.mu.Unlock()
 	c.unlockSend()
