@@ -21,6 +21,7 @@ const (
 	reasonTokenExpired                // the token expired and was not refreshed within TokenGrace
 	reasonRateLimited                 // over the frame rate for RateLimitClose
 	reasonTooManySessions             // the actor has MaxSessionsPerActor sessions
+	reasonLogError                    // a persisted topic's log could not be read for a replay
 	numCloseReasons
 )
 
@@ -50,6 +51,7 @@ var closeReasons = [numCloseReasons]struct {
 	reasonTokenExpired:    {"token_expired", websocket.StatusPolicyViolation, "token expired and not refreshed within the grace period"},
 	reasonRateLimited:     {"rate_limited", websocket.StatusPolicyViolation, "over the frame rate for too long"},
 	reasonTooManySessions: {"too_many_sessions", websocket.StatusPolicyViolation, "too many sessions for this actor"},
+	reasonLogError:        {"log_error", websocket.StatusInternalError, "could not read a topic's log: see the error ack; reconnect and resume"},
 }
 
 func (r closeReason) String() string { return closeReasons[r].label }
@@ -59,7 +61,7 @@ func (r closeReason) String() string { return closeReasons[r].label }
 func (r closeReason) sendsCloseFrame() bool {
 	switch r {
 	case reasonHelloTimeout, reasonSlowConsumer, reasonPingTimeout, reasonShutdown, reasonDrain, reasonNone,
-		reasonAuth, reasonTokenExpired, reasonRateLimited, reasonTooManySessions:
+		reasonAuth, reasonTokenExpired, reasonRateLimited, reasonTooManySessions, reasonLogError:
 		return true
 	}
 	return false
@@ -71,7 +73,8 @@ func (r closeReason) sendsCloseFrame() bool {
 // error ack that explains it does.
 func (r closeReason) flushes() bool {
 	switch r {
-	case reasonShutdown, reasonDrain, reasonAuth, reasonTokenExpired, reasonRateLimited, reasonTooManySessions:
+	case reasonShutdown, reasonDrain, reasonAuth, reasonTokenExpired, reasonRateLimited, reasonTooManySessions,
+		reasonLogError:
 		return true
 	}
 	return false

@@ -484,11 +484,25 @@ type replay struct {
 	held    []outItem          // guarded by mu
 	lost    bool               // guarded by mu: held overflowed and was discarded
 	reset   bool               // guarded by mu: the topic's log was replaced (resetTail) and the replayer has not yet started over
+	gap     *heldGap           // guarded by mu: the tailer skipped pruned records (skipTail) before held[gap.at]
 	cancel  context.CancelFunc // set before the replayer starts
 	done    chan struct{}      // closed when the replayer returns
 	tailer  *tailer
 	through string   // offset up to which the replayer reads; guarded by the stripe lock while active
 	log     logIdent // the log through is in; as through
+}
+
+// heldGap is a skip of the topic's log (skipTail) met while replaying: it
+// is answered (logGap) when the held patches are queued, in its place.
+type heldGap struct {
+	at         int // index in held of the first patch after the skip
+	to, digest string
+}
+
+// dropHeldLocked empties the hold buffer; lost says the replayer must read
+// on from the log instead.
+func (r *replay) dropHeldLocked(lost bool) {
+	r.held, r.gap, r.lost = nil, nil, lost
 }
 
 // hold keeps a live patch while the subscription replays. It reports
@@ -502,7 +516,7 @@ func (r *replay) hold(it outItem) bool {
 	switch {
 	case r.lost:
 	case len(r.held) >= replayHold:
-		r.held, r.lost = nil, true
+		r.dropHeldLocked(true)
 	default:
 		r.held = append(r.held, it)
 	}
@@ -519,21 +533,29 @@ func (r *replay) holdReset() bool {
 	if !r.active {
 		return false
 	}
-	r.held, r.lost, r.reset = nil, false, true
+	r.dropHeldLocked(false)
+	r.reset = true
 	return true
 }
 
-// holdGap records a skip of the topic's log (skipTail) while the
-// subscription replays: what was held is dropped as if it had overflowed,
-// so the replayer reads on from the log to the tailer's new position and
-// meets the pruned records itself. It reports false once live.
-func (r *replay) holdGap() bool {
+// holdGap records a skip of the topic's log to offset to (skipTail) while
+// the subscription replays: it is answered in its place among the held
+// patches. A second one, or one after the buffer overflowed, drops what
+// was held, and the replayer reads on from the log and meets the pruned
+// records itself. It reports false once live.
+func (r *replay) holdGap(to, digest string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !r.active {
 		return false
 	}
-	r.held, r.lost = nil, true
+	switch {
+	case r.lost:
+	case r.gap != nil:
+		r.dropHeldLocked(true)
+	default:
+		r.gap = &heldGap{at: len(r.held), to: to, digest: digest}
+	}
 	return true
 }
 
@@ -629,7 +651,8 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 	onReset := func() {
 		mu.Lock()
 		r.mu.Lock()
-		r.reset, r.held, r.lost = false, nil, false
+		r.reset = false
+		r.dropHeldLocked(false)
 		through, cur = r.tailer.published, r.tailer.log
 		r.mu.Unlock()
 		mu.Unlock()
@@ -671,15 +694,22 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 			case ctx.Err() != nil:
 				return
 			case errors.Is(err, storage.ErrGone):
-				if to, ok := s.prunedTo(ctx, sub.topic, cur, after, through); ok {
+				to, replaced, herr := s.prunedTo(ctx, sub.topic, cur, after, through)
+				switch {
+				case herr != nil:
+					err = herr // answered below
+				case replaced:
+					after = through // the tailer's reset follows
+					continue
+				default:
 					// Pruned by retention: the client is told, and the
-					// replay goes on from the oldest record kept.
+					// replay goes on with the records kept.
 					expired("offset "+quote(after)+" is older than what topic "+quote(sub.topic)+" keeps (retention)", to)
 					first, after = false, to
 					continue
 				}
-				after = through // replaced: the tailer's reset follows
-				continue
+			}
+			switch {
 			case errors.Is(err, storage.ErrNotFound) || errors.Is(err, storage.ErrGone) || errors.Is(err, storage.ErrBadRequest),
 				err == nil && res.ID != cur.id:
 				// Deleted, or made anew, since the replay began: not a
@@ -690,7 +720,7 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 			case err != nil:
 				s.log().Warn("replay failed", "topic", sub.topic, "err", err)
 				s.sendError(frames.NewError(frames.CodeInternal, sub.sid, "the server could not read the topic's log", "subscribe again with your cursor"))
-				s.closeWith(reasonReadError)
+				s.closeWith(reasonLogError)
 				return
 			}
 			if first {
@@ -740,16 +770,23 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 			continue
 		}
 		if r.lost {
-			r.lost, r.held = false, nil
+			r.dropHeldLocked(false)
 			through = r.tailer.published
 			r.mu.Unlock()
 			mu.Unlock()
 			continue
 		}
-		for _, it := range r.held {
+		for i, it := range r.held {
+			if r.gap != nil && r.gap.at == i {
+				sub.logGap(r.gap.to, r.gap.digest)
+			}
 			s.enqueue(it)
 		}
-		r.held, r.active = nil, false
+		if r.gap != nil && r.gap.at == len(r.held) {
+			sub.logGap(r.gap.to, r.gap.digest)
+		}
+		r.dropHeldLocked(false)
+		r.active = false
 		r.mu.Unlock()
 		mu.Unlock()
 		return
@@ -757,19 +794,24 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 }
 
 // prunedTo returns where a replay of log l reading after `after` (up to
-// through) goes on when the read found the records pruned: the oldest
-// record kept, or through if the log kept none of the window. It reports
-// false when the stream is not l any more.
-func (s *session) prunedTo(ctx context.Context, topic string, l logIdent, after, through string) (string, bool) {
+// through) goes on when the read found the records pruned: after the last
+// one removed, or at through if the log kept none of the window. replaced
+// reports that the stream is not l any more; err, that Head failed.
+func (s *session) prunedTo(ctx context.Context, topic string, l logIdent, after, through string) (to string, replaced bool, err error) {
 	info, err := s.srv.cfg.Log.Head(ctx, topic)
-	if err != nil || identOf(info) != l {
-		return "", false
+	switch {
+	case errors.Is(err, storage.ErrNotFound) || errors.Is(err, storage.ErrGone):
+		return "", true, nil
+	case err != nil:
+		return "", false, err
+	case identOf(info) != l:
+		return "", true, nil
 	}
-	to := info.Pruned
+	to = info.Pruned
 	if to <= after || to > through {
 		to = through
 	}
-	return to, true
+	return to, false, nil
 }
 
 // catchUpWait bounds how long a resume waits for the topic's tailer to
@@ -806,7 +848,7 @@ func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string)
 			return "", false
 		}
 		if r.tailer.published >= cursor {
-			r.held, r.lost = nil, false
+			r.dropHeldLocked(false)
 			through := r.tailer.published
 			r.mu.Unlock()
 			mu.Unlock()

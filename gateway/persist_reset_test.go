@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"path/filepath"
@@ -405,5 +406,183 @@ func TestPersisted_ResumeIntoAPrunedLog(t *testing.T) {
 	ops := collect(t, r, "s", 2)
 	if rowData(t, ops[0]) != string(newLogRecords[3]) || rowData(t, ops[1]) != string(newLogRecords[4]) {
 		t.Fatalf("kept records: %+v", ops)
+	}
+}
+
+// readGateLog holds a Read after a given offset until released, once.
+type readGateLog struct {
+	*storage.DB
+	mu    sync.Mutex
+	gates map[string]*readGate
+}
+
+type readGate struct{ entered, release chan struct{} }
+
+// gate arms a gate for the next Read after offset after.
+func (l *readGateLog) gate(after string) *readGate {
+	g := &readGate{entered: make(chan struct{}), release: make(chan struct{})}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.gates == nil {
+		l.gates = map[string]*readGate{}
+	}
+	l.gates[after] = g
+	return g
+}
+
+func (l *readGateLog) Read(ctx context.Context, name, after string, maxBytes int) (storage.ReadResult, error) {
+	l.mu.Lock()
+	g := l.gates[after]
+	delete(l.gates, after)
+	l.mu.Unlock()
+	if g != nil {
+		close(g.entered)
+		select {
+		case <-g.release:
+		case <-ctx.Done():
+			return storage.ReadResult{}, ctx.Err()
+		}
+	}
+	return l.DB.Read(ctx, name, after, maxBytes)
+}
+
+func waitClosed(t *testing.T, what string, ch <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: not within 10s", what)
+	}
+}
+
+// A replaying subscription that holds live patches when the tailer skips
+// records retention removed: it gets the patches it held, then the skip's
+// X_CURSOR_EXPIRED and snapshot in their place, then what followed, as a
+// live subscriber does; none of what it held is dropped.
+func TestPersisted_GapWhileReplaying(t *testing.T) {
+	t.Parallel()
+	var log *readGateLog
+	db, srv := startWrappedNode(t, &storage.Options{Retention: storage.Retention{MaxRecords: 5}, MaintenanceInterval: 5 * time.Millisecond},
+		func(db *storage.DB) gateway.StreamLog {
+			log = &readGateLog{DB: db}
+			return log
+		})
+	const topic = "chat:gap"
+	ctx := t.Context()
+	appendN := func(from, to int) {
+		for i := from; i <= to; i++ { // one append each: retention removes whole appends
+			if _, err := db.Append(ctx, topic, storage.AppendRequest{Records: [][]byte{fmt.Append(nil, i)}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	live := gwtest.Dial(t, srv.url, nil)
+	live.Hello("", 0)
+	snap := live.Subscribe("l", topic)
+	appendN(1, 3)
+	collect(t, live, "l", 3)
+
+	// A resume from 1 whose replay read waits; meanwhile 4 and 5 are held.
+	replayRead := log.gate(storage.FormatOffset(1))
+	tailRead := log.gate(storage.FormatOffset(5))
+	r := gwtest.Dial(t, srv.url, nil)
+	r.Hello("", 0)
+	cursor := snap.Cursor
+	cursor.LSN = storage.FormatOffset(1)
+	r.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "s", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic, Cursor: &cursor}})
+	waitClosed(t, "the replay's read", replayRead.entered)
+	appendN(4, 5)
+	collect(t, live, "l", 2)
+
+	// The tailer's next read waits while retention removes 1..7.
+	appendN(6, 12)
+	waitClosed(t, "the tailer's read after 5", tailRead.entered)
+	gwtest.Eventually(t, 10*time.Second, "retention keeps the last 5", func() bool {
+		in, err := db.Head(ctx, topic)
+		return err == nil && in.Pruned == storage.FormatOffset(7)
+	})
+	close(tailRead.release)
+	if ack := gwtest.Expect[*frames.Ack](live); ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
+		t.Fatalf("live subscriber after the skip: %+v", ack)
+	}
+	if s := gwtest.Expect[*frames.Snapshot](live); s.Cursor.LSN != storage.FormatOffset(7) {
+		t.Fatalf("live subscriber's snapshot at %s", s.Cursor.LSN)
+	}
+	collect(t, live, "l", 5)
+
+	close(replayRead.release)
+	var got []string
+	for len(got) < 11 {
+		switch f := r.Next().(type) {
+		case *frames.Ack:
+			if f.Ref != "s" || f.Error == nil || f.Error.Code != frames.CodeCursorExpired || !strings.Contains(f.Error.Cause, "retention") {
+				t.Fatalf("after %v: ack %+v", got, f.Error)
+			}
+			got = append(got, "expired")
+		case *frames.Snapshot:
+			got = append(got, "snapshot@"+strings.TrimLeft(f.Cursor.LSN[17:], "0"))
+		case *frames.Patch:
+			for _, op := range f.Patches {
+				got = append(got, rowData(t, op))
+			}
+		default:
+			t.Fatalf("after %v: %T", got, f)
+		}
+	}
+	want := "expired snapshot@3 4 5 expired snapshot@7 8 9 10 11 12"
+	if strings.Join(got, " ") != want {
+		t.Fatalf("replaying subscriber got %v, want %s", got, want)
+	}
+}
+
+// headFailLog fails Head while fail is set.
+type headFailLog struct {
+	*storage.DB
+	fail atomic.Bool
+}
+
+func (l *headFailLog) Head(ctx context.Context, name string) (storage.Info, error) {
+	if l.fail.Load() {
+		return storage.Info{}, errors.New("head: injected failure")
+	}
+	return l.DB.Head(ctx, name)
+}
+
+// A replay whose read was pruned, when the log cannot say what it keeps,
+// fails the session with X_INTERNAL (the client resumes again) rather than
+// skip the window as if the stream had been replaced.
+func TestPersisted_PrunedReplayHeadFails(t *testing.T) {
+	t.Parallel()
+	var log *headFailLog
+	db, srv := startWrappedNode(t, &storage.Options{Retention: storage.Retention{MaxRecords: 3}, MaintenanceInterval: 5 * time.Millisecond},
+		func(db *storage.DB) gateway.StreamLog {
+			log = &headFailLog{DB: db}
+			return log
+		})
+	const topic = "chat:headfail"
+	live := gwtest.Dial(t, srv.url, nil)
+	live.Hello("", 0)
+	snap := live.Subscribe("l", topic) // keeps the tailer, so the resume needs no Head to start one
+	for i := 1; i <= 10; i++ {
+		if _, err := db.Append(t.Context(), topic, storage.AppendRequest{Records: [][]byte{fmt.Append(nil, i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	collect(t, live, "l", 10)
+	gwtest.Eventually(t, 10*time.Second, "retention keeps the last 3", func() bool {
+		in, err := db.Head(t.Context(), topic)
+		return err == nil && in.Pruned == storage.FormatOffset(7)
+	})
+	log.fail.Store(true)
+	r := gwtest.Dial(t, srv.url, nil)
+	r.Hello("", 0)
+	cursor := snap.Cursor
+	cursor.LSN = storage.FormatOffset(2)
+	r.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "s", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic, Cursor: &cursor}})
+	if ack := gwtest.Expect[*frames.Ack](r); ack.Ref != "s" || ack.Error == nil || ack.Error.Code != frames.CodeInternal {
+		t.Fatalf("resume into a pruned window with Head failing: %+v, want X_INTERNAL", ack.Error)
+	}
+	if f, err := r.NextErr(10 * time.Second); err == nil {
+		t.Fatalf("the session went on: %T %+v", f, f)
 	}
 }

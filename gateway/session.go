@@ -98,7 +98,7 @@ func (sub *subscription) Deliver(m *fanout.Message) {
 				sub.logReset(digest)
 			}
 		case markPruned:
-			if sub.replay == nil || !sub.replay.holdGap() {
+			if sub.replay == nil || !sub.replay.holdGap(at, digest) {
 				sub.logGap(at, digest)
 			}
 		}
