@@ -611,6 +611,38 @@ func TestDB_Wait_WatchesOfDeadStreams(t *testing.T) {
 	waitWatches("after expiry", 0)
 }
 
+// TestDB_HeadOfAForkBeingDeleted: Head of a fork reads its sources too,
+// in the same transaction as the fork, so a delete that removes both (the
+// source was kept only for the fork) answers not found, never a missing
+// source.
+func TestDB_HeadOfAForkBeingDeleted(t *testing.T) {
+	db := openDB(t, &storage.Options{NoSync: true})
+	ctx := t.Context()
+	for i := range 100 {
+		src, fork := fmt.Sprint("s", i), fmt.Sprint("f", i)
+		mustCreate(t, db, src, storage.CreateOptions{})
+		mustAppend(t, db, src, storage.AppendRequest{Records: rec("x")})
+		mustCreate(t, db, fork, storage.CreateOptions{ForkFrom: src})
+		if err := db.Delete(ctx, src); err != nil { // soft: the fork keeps it
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- db.Delete(ctx, fork) }()
+		for {
+			_, err := db.Head(ctx, fork)
+			if errors.Is(err, storage.ErrNotFound) || errors.Is(err, storage.ErrGone) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("round %d: Head of a fork being deleted: %v", i, err)
+			}
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func TestDB_AppendAsync(t *testing.T) {
 	db := openDB(t, &storage.Options{NoSync: true})
 	mustCreate(t, db, "s", storage.CreateOptions{})

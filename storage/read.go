@@ -89,18 +89,32 @@ func (db *DB) Head(ctx context.Context, name string) (Info, error) {
 	if err := db.live(m, name, db.now()); err != nil {
 		return Info{}, err
 	}
-	in := m.info()
-	if m.SrcID != 0 {
-		// A fork's readable start depends on its sources' retention too.
-		err := db.bolt.View(func(tx *bolt.Tx) error {
-			var segBuf [4]segment
-			segs, err := chain(segBuf[:0], m, func(id uint64) (*meta, error) { return db.txMetaByID(tx, id) })
-			in.Pruned = FormatOffset(prunedOf(segs))
-			return err
-		})
+	if m.SrcID == 0 {
+		return m.info(), nil
+	}
+	// A fork's readable start depends on its sources' retention too: the
+	// fork and its sources are read in one transaction (the cache may lag
+	// a commit that removed both).
+	var in Info
+	err = db.bolt.View(func(tx *bolt.Tx) error {
+		m, err := db.txMeta(tx, name)
 		if err != nil {
-			return Info{}, err
+			return err
 		}
+		if err := db.live(m, name, db.now()); err != nil {
+			return err
+		}
+		var segBuf [4]segment
+		segs, err := chain(segBuf[:0], m, func(id uint64) (*meta, error) { return db.txMetaByID(tx, id) })
+		if err != nil {
+			return err
+		}
+		in = m.info()
+		in.Pruned = FormatOffset(prunedOf(segs))
+		return nil
+	})
+	if err != nil {
+		return Info{}, err
 	}
 	return in, nil
 }
