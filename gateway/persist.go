@@ -697,6 +697,9 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 				to, replaced, herr := s.prunedTo(ctx, sub.topic, cur, after, through)
 				switch {
 				case herr != nil:
+					if ctx.Err() != nil {
+						return // dropped or closing, not a log failure
+					}
 					err = herr // answered below
 				case replaced:
 					after = through // the tailer's reset follows
@@ -719,7 +722,7 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 				continue
 			case err != nil:
 				s.log().Warn("replay failed", "topic", sub.topic, "err", err)
-				s.sendError(frames.NewError(frames.CodeInternal, sub.sid, "the server could not read the topic's log", "subscribe again with your cursor"))
+				s.sendError(frames.NewError(frames.CodeInternal, sub.sid, "the server could not read the topic's log", "reconnect and resume from your cursor"))
 				s.closeWith(reasonLogError)
 				return
 			}

@@ -567,8 +567,8 @@ func TestPersisted_PrunedReplayHeadFails(t *testing.T) {
 		if _, err := db.Append(t.Context(), topic, storage.AppendRequest{Records: [][]byte{fmt.Append(nil, i)}}); err != nil {
 			t.Fatal(err)
 		}
+		collect(t, live, "l", 1) // delivered before retention can remove it
 	}
-	collect(t, live, "l", 10)
 	gwtest.Eventually(t, 10*time.Second, "retention keeps the last 3", func() bool {
 		in, err := db.Head(t.Context(), topic)
 		return err == nil && in.Pruned == storage.FormatOffset(7)
@@ -584,5 +584,61 @@ func TestPersisted_PrunedReplayHeadFails(t *testing.T) {
 	}
 	if f, err := r.NextErr(10 * time.Second); err == nil {
 		t.Fatalf("the session went on: %T %+v", f, f)
+	}
+}
+
+// headStallLog's Head, once armed, waits for its context to end.
+type headStallLog struct {
+	*storage.DB
+	armed   atomic.Bool
+	entered chan struct{}
+}
+
+func (l *headStallLog) Head(ctx context.Context, name string) (storage.Info, error) {
+	if l.armed.CompareAndSwap(true, false) {
+		close(l.entered)
+		<-ctx.Done()
+	}
+	return l.DB.Head(ctx, name)
+}
+
+// A drop of a subscription whose replay is asking the log what retention
+// kept ends the replay, not the session: the drop is acknowledged and the
+// session goes on.
+func TestPersisted_DropWhileReplayLooksAtRetention(t *testing.T) {
+	t.Parallel()
+	var log *headStallLog
+	db, srv := startWrappedNode(t, &storage.Options{Retention: storage.Retention{MaxRecords: 3}, MaintenanceInterval: 5 * time.Millisecond},
+		func(db *storage.DB) gateway.StreamLog {
+			log = &headStallLog{DB: db, entered: make(chan struct{})}
+			return log
+		})
+	const topic = "chat:dropreplay"
+	live := gwtest.Dial(t, srv.url, nil)
+	live.Hello("", 0)
+	snap := live.Subscribe("l", topic)
+	for i := 1; i <= 10; i++ {
+		if _, err := db.Append(t.Context(), topic, storage.AppendRequest{Records: [][]byte{fmt.Append(nil, i)}}); err != nil {
+			t.Fatal(err)
+		}
+		collect(t, live, "l", 1)
+	}
+	gwtest.Eventually(t, 10*time.Second, "retention keeps the last 3", func() bool {
+		in, err := db.Head(t.Context(), topic)
+		return err == nil && in.Pruned == storage.FormatOffset(7)
+	})
+	log.armed.Store(true)
+	r := gwtest.Dial(t, srv.url, nil)
+	r.Hello("", 0)
+	cursor := snap.Cursor
+	cursor.LSN = storage.FormatOffset(2)
+	r.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "s", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic, Cursor: &cursor}})
+	waitClosed(t, "the replay's Head", log.entered)
+	r.Send(&frames.Subscribe{Op: frames.OpDrop, SID: "s", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic}})
+	if ack := gwtest.Expect[*frames.Ack](r); ack.Ref != "s" || ack.Error != nil {
+		t.Fatalf("drop: %+v %+v", ack, ack.Error)
+	}
+	if s := r.Subscribe("again", topic); s.Cursor.LSN != storage.FormatOffset(10) {
+		t.Fatalf("the session after the drop: snapshot at %s", s.Cursor.LSN)
 	}
 }
