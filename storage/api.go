@@ -211,7 +211,8 @@ type ReadResult struct {
 }
 
 // Errors. Every error a DB method returns wraps one of these sentinels
-// (test with errors.Is) or is a [*ProducerError] or [*ClosedError].
+// (test with errors.Is) or is a [*ProducerError] or [*ClosedError]; a
+// [*PrunedError] wraps ErrGone.
 var (
 	ErrNotFound    = errors.New("storage: stream not found")                         // HTTP 404; also expired streams
 	ErrGone        = errors.New("storage: gone")                                     // soft-deleted stream, or offset pruned by retention (410)
@@ -254,6 +255,22 @@ func (e *ProducerError) Error() string {
 		return fmt.Sprintf("storage: a new producer epoch must start at seq 0, received %d", e.ReceivedSeq)
 	}
 }
+
+// PrunedError is a read's answer when retention removed records after the
+// offset asked for. It wraps [ErrGone], and says, as of the read's own
+// transaction, which stream was read and after which offset it can be
+// read now.
+type PrunedError struct {
+	Offset string // the offset the read was after
+	Pruned string // a read after this offset finds what is kept (see [Info].Pruned)
+	ID     uint64 // the stream's [Info].ID
+}
+
+func (e *PrunedError) Error() string {
+	return "storage: gone: offset " + e.Offset + " was pruned by retention (readable after " + e.Pruned + ")"
+}
+
+func (e *PrunedError) Unwrap() error { return ErrGone }
 
 // ClosedError refuses records for a closed stream. Tail is its final
 // offset.

@@ -299,6 +299,10 @@ func TestDB_Retention(t *testing.T) {
 	// Bounded: one pass prunes PruneBatch records.
 	_, err := db.Read(ctx, "s", storage.FormatOffset(2), 0)
 	wantErr(t, "pruned offset", err, storage.ErrGone)
+	var pe *storage.PrunedError
+	if !errors.As(err, &pe) || pe.Offset != storage.FormatOffset(2) || pe.Pruned != storage.FormatOffset(3) || pe.ID == 0 {
+		t.Fatalf("pruned read: %#v, want a PrunedError readable after %s", err, storage.FormatOffset(3))
+	}
 	res, err := db.Read(ctx, "s", storage.FormatOffset(3), 0)
 	if err != nil || string(res.Records[0].Data) != "03" {
 		t.Fatalf("first retained: %+v %v", res, err)
@@ -332,6 +336,9 @@ func TestDB_Retention(t *testing.T) {
 	}
 	_, err = db.Read(ctx, "f", storage.FormatOffset(19), 0)
 	wantErr(t, "fork read before its Pruned", err, storage.ErrGone)
+	if !errors.As(err, &pe) || pe.Pruned != storage.FormatOffset(20) {
+		t.Fatalf("fork's pruned read: %#v, want one readable after %s", err, storage.FormatOffset(20))
+	}
 
 	// Per-stream override, by bytes, whole appends.
 	mustCreate(t, db, "b", storage.CreateOptions{Retention: &storage.Retention{MaxBytes: 10}})

@@ -47,7 +47,7 @@ func scan(tx *bolt.Tx, segs []segment, after uint64, fn func(pos uint64, v []byt
 		}
 		start := max(after, s.lo)
 		if start < s.pruned {
-			return fmt.Errorf("%w: offset %s was pruned by retention", ErrGone, FormatOffset(after))
+			return &PrunedError{Offset: FormatOffset(after), Pruned: FormatOffset(prunedOf(segs))}
 		}
 		bk := recs.Bucket(key8(s.id))
 		if bk == nil {
@@ -205,6 +205,9 @@ func (db *DB) Read(ctx context.Context, name, after string, maxBytes int) (ReadR
 			total += len(data)
 			return true
 		})
+		if pe, ok := err.(*PrunedError); ok {
+			pe.ID = m.ID
+		}
 		if err != nil {
 			return err
 		}
