@@ -300,25 +300,18 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 	}
 	// skipPruned handles a read of the stream tailed that found what
 	// comes after `after` removed by retention (the tailer fell behind, or
-	// reset onto a log whose start was pruned): it moves to the oldest
-	// record kept (the tail, if a fork's source was pruned further) and
-	// tells the subscribers (skipTail).
-	skipPruned := func() bool {
-		info, err := srv.cfg.Log.Head(ctx, t.topic)
-		if err != nil || identOf(info) != cur {
-			return false
-		}
-		to := info.Pruned
-		if to <= after {
-			to = info.Tail
-		}
-		if to <= after {
+	// reset onto a log whose start was pruned): it moves past the removed
+	// records, to where the read said the stream can be read (in the
+	// read's own transaction), and tells the subscribers (skipTail).
+	skipPruned := func(err error) bool {
+		var pe *storage.PrunedError
+		if !errors.As(err, &pe) || pe.ID != cur.id || pe.Pruned <= after {
 			return false
 		}
 		log.Warn("persisted topic: retention removed records before they were delivered; subscribers skip them",
-			"after", after, "to", to)
-		srv.skipTail(ctx, t, to, cur)
-		after = to
+			"after", after, "to", pe.Pruned)
+		srv.skipTail(ctx, t, pe.Pruned, cur)
+		after = pe.Pruned
 		return true
 	}
 	var body []byte
@@ -354,7 +347,7 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 			return
 		}
 		if err != nil {
-			if replaced(err) || errors.Is(err, storage.ErrGone) && skipPruned() {
+			if skipPruned(err) || replaced(err) {
 				continue
 			}
 			if retry("read", err) {
@@ -690,27 +683,16 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 				continue
 			}
 			res, err := srv.cfg.Log.Read(ctx, sub.topic, after, replayPage)
-			switch {
-			case ctx.Err() != nil:
+			if ctx.Err() != nil {
 				return
-			case errors.Is(err, storage.ErrGone):
-				to, replaced, herr := s.prunedTo(ctx, sub.topic, cur, after, through)
-				switch {
-				case herr != nil:
-					if ctx.Err() != nil {
-						return // dropped or closing, not a log failure
-					}
-					err = herr // answered below
-				case replaced:
-					after = through // the tailer's reset follows
-					continue
-				default:
-					// Pruned by retention: the client is told, and the
-					// replay goes on with the records kept.
-					expired("offset "+quote(after)+" is older than what topic "+quote(sub.topic)+" keeps (retention)", to)
-					first, after = false, to
-					continue
-				}
+			}
+			if pe := (*storage.PrunedError)(nil); errors.As(err, &pe) && pe.ID == cur.id {
+				// Pruned by retention: the client is told, and the replay
+				// goes on with the records kept (within its window).
+				to := min(pe.Pruned, through)
+				expired("offset "+quote(after)+" is older than what topic "+quote(sub.topic)+" keeps (retention)", to)
+				first, after = false, to
+				continue
 			}
 			switch {
 			case errors.Is(err, storage.ErrNotFound) || errors.Is(err, storage.ErrGone) || errors.Is(err, storage.ErrBadRequest),
@@ -794,27 +776,6 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 		mu.Unlock()
 		return
 	}
-}
-
-// prunedTo returns where a replay of log l reading after `after` (up to
-// through) goes on when the read found the records pruned: after the last
-// one removed, or at through if the log kept none of the window. replaced
-// reports that the stream is not l any more; err, that Head failed.
-func (s *session) prunedTo(ctx context.Context, topic string, l logIdent, after, through string) (to string, replaced bool, err error) {
-	info, err := s.srv.cfg.Log.Head(ctx, topic)
-	switch {
-	case errors.Is(err, storage.ErrNotFound) || errors.Is(err, storage.ErrGone):
-		return "", true, nil
-	case err != nil:
-		return "", false, err
-	case identOf(info) != l:
-		return "", true, nil
-	}
-	to = info.Pruned
-	if to <= after || to > through {
-		to = through
-	}
-	return to, false, nil
 }
 
 // catchUpWait bounds how long a resume waits for the topic's tailer to

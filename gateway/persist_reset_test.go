@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/syncgate/syncgate/client"
 	"github.com/syncgate/syncgate/frames"
 	"github.com/syncgate/syncgate/gateway"
@@ -535,7 +537,40 @@ func TestPersisted_GapWhileReplaying(t *testing.T) {
 	}
 }
 
-// headFailLog fails Head while fail is set.
+// prunedLogNode starts a node keeping 3 records per stream, with a live
+// subscriber on topic that got records 1..10 (7 of them since removed),
+// and returns the log (as wrapped) and the subscriber's first snapshot.
+func prunedLogNode[L gateway.StreamLog](t *testing.T, topic string, wrap func(*storage.DB) L) (L, *testServer, *frames.Snapshot) {
+	t.Helper()
+	var log L
+	db, srv := startWrappedNode(t, &storage.Options{Retention: storage.Retention{MaxRecords: 3}, MaintenanceInterval: 5 * time.Millisecond},
+		func(db *storage.DB) gateway.StreamLog {
+			log = wrap(db)
+			return log
+		})
+	live := gwtest.Dial(t, srv.url, nil)
+	live.Hello("", 0)
+	snap := live.Subscribe("l", topic) // keeps the tailer running
+	for i := 1; i <= 10; i++ {
+		if _, err := db.Append(t.Context(), topic, storage.AppendRequest{Records: [][]byte{fmt.Append(nil, i)}}); err != nil {
+			t.Fatal(err)
+		}
+		collect(t, live, "l", 1) // delivered before retention can remove it
+	}
+	gwtest.Eventually(t, 10*time.Second, "retention keeps the last 3", func() bool {
+		in, err := db.Head(t.Context(), topic)
+		return err == nil && in.Pruned == storage.FormatOffset(7)
+	})
+	return log, srv, snap
+}
+
+// resumeAt sends a subscribe of sid to topic with cursor at offset n.
+func resumeAt(c *gwtest.Conn, sid, topic string, cursor frames.Cursor, n uint64) {
+	cursor.LSN = storage.FormatOffset(n)
+	c.Send(&frames.Subscribe{Op: frames.OpAdd, SID: sid, Target: frames.Target{Kind: frames.TargetTopic, Topic: topic, Cursor: &cursor}})
+}
+
+// headFailLog's Head fails while fail is set.
 type headFailLog struct {
 	*storage.DB
 	fail atomic.Bool
@@ -548,92 +583,75 @@ func (l *headFailLog) Head(ctx context.Context, name string) (storage.Info, erro
 	return l.DB.Head(ctx, name)
 }
 
-// A replay whose read was pruned, when the log cannot say what it keeps,
-// fails the session with X_INTERNAL (the client resumes again) rather than
-// skip the window as if the stream had been replaced.
-func TestPersisted_PrunedReplayHeadFails(t *testing.T) {
+// A replay whose read was pruned learns from the read itself (in its own
+// transaction) where the stream can be read: it needs no second call,
+// which could see another moment of the log.
+func TestPersisted_PrunedReplayNeedsNoHead(t *testing.T) {
 	t.Parallel()
-	var log *headFailLog
-	db, srv := startWrappedNode(t, &storage.Options{Retention: storage.Retention{MaxRecords: 3}, MaintenanceInterval: 5 * time.Millisecond},
-		func(db *storage.DB) gateway.StreamLog {
-			log = &headFailLog{DB: db}
-			return log
-		})
-	const topic = "chat:headfail"
-	live := gwtest.Dial(t, srv.url, nil)
-	live.Hello("", 0)
-	snap := live.Subscribe("l", topic) // keeps the tailer, so the resume needs no Head to start one
-	for i := 1; i <= 10; i++ {
-		if _, err := db.Append(t.Context(), topic, storage.AppendRequest{Records: [][]byte{fmt.Append(nil, i)}}); err != nil {
-			t.Fatal(err)
-		}
-		collect(t, live, "l", 1) // delivered before retention can remove it
-	}
-	gwtest.Eventually(t, 10*time.Second, "retention keeps the last 3", func() bool {
-		in, err := db.Head(t.Context(), topic)
-		return err == nil && in.Pruned == storage.FormatOffset(7)
-	})
-	log.fail.Store(true)
+	const topic = "chat:nohead"
+	log, srv, snap := prunedLogNode(t, topic, func(db *storage.DB) *headFailLog { return &headFailLog{DB: db} })
+	log.fail.Store(true) // the tailer runs already: only the resume below could call Head
 	r := gwtest.Dial(t, srv.url, nil)
 	r.Hello("", 0)
-	cursor := snap.Cursor
-	cursor.LSN = storage.FormatOffset(2)
-	r.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "s", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic, Cursor: &cursor}})
-	if ack := gwtest.Expect[*frames.Ack](r); ack.Ref != "s" || ack.Error == nil || ack.Error.Code != frames.CodeInternal {
-		t.Fatalf("resume into a pruned window with Head failing: %+v, want X_INTERNAL", ack.Error)
+	resumeAt(r, "s", topic, snap.Cursor, 2)
+	if ack := gwtest.Expect[*frames.Ack](r); ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired || !strings.Contains(ack.Error.Cause, "retention") {
+		t.Fatalf("resume into a pruned window: %+v", ack.Error)
 	}
-	if f, err := r.NextErr(10 * time.Second); err == nil {
-		t.Fatalf("the session went on: %T %+v", f, f)
+	if s := gwtest.Expect[*frames.Snapshot](r); s.Cursor.LSN != storage.FormatOffset(7) {
+		t.Fatalf("snapshot at %s, want %s", s.Cursor.LSN, storage.FormatOffset(7))
+	}
+	for i, op := range collect(t, r, "s", 3) {
+		if want := fmt.Sprint(8 + i); rowData(t, op) != want {
+			t.Fatalf("kept record %d: %s, want %s", i, rowData(t, op), want)
+		}
 	}
 }
 
-// headStallLog's Head, once armed, waits for its context to end.
-type headStallLog struct {
+// readFailLog fails a Read after offset failAt (set before use).
+type readFailLog struct {
 	*storage.DB
-	armed   atomic.Bool
-	entered chan struct{}
+	failAt atomic.Pointer[string]
 }
 
-func (l *headStallLog) Head(ctx context.Context, name string) (storage.Info, error) {
-	if l.armed.CompareAndSwap(true, false) {
-		close(l.entered)
-		<-ctx.Done()
+func (l *readFailLog) Read(ctx context.Context, name, after string, maxBytes int) (storage.ReadResult, error) {
+	if p := l.failAt.Load(); p != nil && *p == after {
+		return storage.ReadResult{}, errors.New("read: injected failure")
 	}
-	return l.DB.Head(ctx, name)
+	return l.DB.Read(ctx, name, after, maxBytes)
 }
 
-// A drop of a subscription whose replay is asking the log what retention
-// kept ends the replay, not the session: the drop is acknowledged and the
-// session goes on.
-func TestPersisted_DropWhileReplayLooksAtRetention(t *testing.T) {
+// A replay whose log read fails tells the client (X_INTERNAL, delivered)
+// and closes 1011, so that the client resumes again.
+func TestPersisted_ReplayReadFails(t *testing.T) {
 	t.Parallel()
-	var log *headStallLog
-	db, srv := startWrappedNode(t, &storage.Options{Retention: storage.Retention{MaxRecords: 3}, MaintenanceInterval: 5 * time.Millisecond},
-		func(db *storage.DB) gateway.StreamLog {
-			log = &headStallLog{DB: db, entered: make(chan struct{})}
-			return log
-		})
-	const topic = "chat:dropreplay"
-	live := gwtest.Dial(t, srv.url, nil)
-	live.Hello("", 0)
-	snap := live.Subscribe("l", topic)
-	for i := 1; i <= 10; i++ {
-		if _, err := db.Append(t.Context(), topic, storage.AppendRequest{Records: [][]byte{fmt.Append(nil, i)}}); err != nil {
-			t.Fatal(err)
-		}
-		collect(t, live, "l", 1)
-	}
-	gwtest.Eventually(t, 10*time.Second, "retention keeps the last 3", func() bool {
-		in, err := db.Head(t.Context(), topic)
-		return err == nil && in.Pruned == storage.FormatOffset(7)
-	})
-	log.armed.Store(true)
+	const topic = "chat:readfail"
+	log, srv, snap := prunedLogNode(t, topic, func(db *storage.DB) *readFailLog { return &readFailLog{DB: db} })
+	at := storage.FormatOffset(8)
+	log.failAt.Store(&at)
 	r := gwtest.Dial(t, srv.url, nil)
 	r.Hello("", 0)
-	cursor := snap.Cursor
-	cursor.LSN = storage.FormatOffset(2)
-	r.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "s", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic, Cursor: &cursor}})
-	waitClosed(t, "the replay's Head", log.entered)
+	resumeAt(r, "s", topic, snap.Cursor, 8)
+	if ack := gwtest.Expect[*frames.Ack](r); ack.Ref != "s" || ack.Error == nil || ack.Error.Code != frames.CodeInternal {
+		t.Fatalf("resume whose log read fails: %+v, want X_INTERNAL", ack.Error)
+	}
+	_, err := r.NextErr(10 * time.Second)
+	if code := websocket.CloseStatus(err); code != websocket.StatusInternalError {
+		t.Fatalf("after X_INTERNAL: %v (close %d), want close 1011", err, code)
+	}
+}
+
+// A drop of a subscription whose replay is reading the log ends the
+// replay, not the session: the drop is acknowledged and the session goes
+// on.
+func TestPersisted_DropWhileReplayReads(t *testing.T) {
+	t.Parallel()
+	const topic = "chat:dropreplay"
+	log, srv, snap := prunedLogNode(t, topic, func(db *storage.DB) *readGateLog { return &readGateLog{DB: db} })
+	read := log.gate(storage.FormatOffset(8)) // never released: only the drop ends it
+	r := gwtest.Dial(t, srv.url, nil)
+	r.Hello("", 0)
+	resumeAt(r, "s", topic, snap.Cursor, 8)
+	waitClosed(t, "the replay's read", read.entered)
 	r.Send(&frames.Subscribe{Op: frames.OpDrop, SID: "s", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic}})
 	if ack := gwtest.Expect[*frames.Ack](r); ack.Ref != "s" || ack.Error != nil {
 		t.Fatalf("drop: %+v %+v", ack, ack.Error)
