@@ -251,8 +251,18 @@ func (cn *conn) handleFrameSnapshot(f *frames.Snapshot) {
 	if first {
 		s.snapshot = f // read after ready is closed
 	}
-	s.resumeDoneLocked()
+	// The take-over waiting for this snapshot is told once the position
+	// is moved and reported, so EventResumed follows EventCursorExpired.
+	rg := s.resume
+	s.resume = nil
 	c.mu.Unlock()
+	defer func() {
+		if rg != nil {
+			c.mu.Lock()
+			rg.doneLocked()
+			c.mu.Unlock()
+		}
+	}()
 
 	s.dmu.Lock()
 	s.from = cn
