@@ -257,7 +257,8 @@ func (e *ProducerError) Error() string {
 }
 
 // PrunedError is a read's answer when retention removed records after the
-// offset asked for. It wraps [ErrGone], and says, as of the read's own
+// offset asked for (also Create's, for a fork sub-offset in a pruned
+// source). It wraps [ErrGone], and says, as of the call's own
 // transaction, which stream was read and after which offset it can be
 // read now.
 type PrunedError struct {

@@ -781,6 +781,9 @@ func (b *batch1) subPrefix(sm *meta, at uint64, sub int64) ([][]byte, error) {
 		total += int64(len(data))
 		return true
 	})
+	if pe, ok := err.(*PrunedError); ok {
+		pe.ID = sm.ID // the fork's source
+	}
 	if err != nil {
 		return nil, err
 	}
