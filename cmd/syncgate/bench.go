@@ -66,6 +66,11 @@ Common flags: -url, -metrics, -dial-concurrency, -dial-timeout, -timeout,
 -allow-remote, -source-ips (storm: none of -url, -metrics, -allow-remote). Run "syncgate bench <command> -h" for all flags.
 `
 
+// benchChildEnv marks a process a bench started from its own executable
+// (a storm node, a floor sender). Under go test that executable is the test
+// binary, which reads it to run its command line instead of tests.
+const benchChildEnv = "SYNCGATE_BENCH_CHILD"
+
 // benchBuildID is the build id every bench session sends in hello.
 const benchBuildID = "syncgate-bench"
 

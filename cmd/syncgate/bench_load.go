@@ -323,25 +323,41 @@ type pubRun struct {
 	err        error     // why publishing stopped early, if it did
 }
 
-// run publishes at l.rate for l.dur: on every tick it writes as many
-// messages as are due since start, so the rate holds however coarse the
-// ticks are. Message k goes to topics[k % len(topics)]. It stops early
-// when ctx ends or the connection does, and gives up catching up once it
-// lags a second past the window.
+// run publishes at l.rate for l.dur (see pace); message k goes to
+// topics[k % len(topics)]. It also stops when the connection does.
 func (p *benchPub) run(ctx context.Context, l loadFlags, topics []string) pubRun {
-	total := int64(math.Round(l.rate * l.dur.Seconds()))
-	period := min(max(time.Duration(float64(time.Second)/l.rate), time.Millisecond), 10*time.Millisecond)
+	buf := make([]byte, 0, l.size+8)
+	return pace(ctx, l.rate, l.dur, func(k int64, t0 time.Time) error {
+		ti := int(k % int64(len(topics)))
+		buf = appendData(buf[:0], t0.UnixNano(), l.size)
+		err := p.c.PublishAsync(ctx, topics[ti], buf, func(_ string, err error) {
+			p.complete(t0.UnixNano(), ti, err)
+		})
+		if err != nil {
+			return fmt.Errorf("publish: %w", err)
+		}
+		return nil
+	})
+}
+
+// pace calls send(k, t0) for k = 0, 1, … at rate a second for dur, t0
+// being the time of that call: on every tick it sends as many as are due
+// since start, so the rate holds however coarse the ticks are. It stops
+// early when ctx ends or send fails (err says why), and gives up catching
+// up once it lags a second past the window (behind counts what was left).
+func pace(ctx context.Context, rate float64, dur time.Duration, send func(k int64, t0 time.Time) error) pubRun {
+	total := int64(math.Round(rate * dur.Seconds()))
+	period := min(max(time.Duration(float64(time.Second)/rate), time.Millisecond), 10*time.Millisecond)
 	tick := time.NewTicker(period)
 	defer tick.Stop()
 	const maxLag = time.Second
 
-	buf := make([]byte, 0, l.size+8)
 	r := pubRun{start: time.Now()}
-	end := r.start.Add(l.dur)
+	end := r.start.Add(dur)
 	for {
 		due := total
-		if elapsed := time.Since(r.start); elapsed < l.dur {
-			due = min(total, int64(l.rate*elapsed.Seconds()))
+		if elapsed := time.Since(r.start); elapsed < dur {
+			due = min(total, int64(rate*elapsed.Seconds()))
 		}
 		for r.sent < due {
 			t0 := time.Now()
@@ -350,14 +366,8 @@ func (p *benchPub) run(ctx context.Context, l loadFlags, topics []string) pubRun
 				r.end = t0
 				return r
 			}
-			k := r.sent
-			ti := int(k % int64(len(topics)))
-			buf = appendData(buf[:0], t0.UnixNano(), l.size)
-			err := p.c.PublishAsync(ctx, topics[ti], buf, func(_ string, err error) {
-				p.complete(t0.UnixNano(), ti, err)
-			})
-			if err != nil {
-				r.err = fmt.Errorf("publish: %w", err)
+			if err := send(r.sent, t0); err != nil {
+				r.err = err
 				r.behind = total - r.sent
 				r.end = time.Now()
 				return r

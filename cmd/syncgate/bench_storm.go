@@ -61,10 +61,6 @@ import (
 
 const stormSynopsis = "-n N [-spread 30s] [-mode plan|close-all|both] [-rate R] [-dur T]"
 
-// stormNodeEnv marks a child started as a storm node; the test binary
-// (os.Executable in `go test`) reads it to run `serve` instead of tests.
-const stormNodeEnv = "SYNCGATE_STORM_NODE"
-
 // stormTopic is the persisted topic of the bench; stormPersist its pattern.
 const (
 	stormTopic   = "storm:bench"
@@ -407,7 +403,7 @@ func startNode(ctx context.Context, name, dataDir string, args []string) (*storm
 	}
 	nd := &stormNode{name: name, done: make(chan struct{}), log: &tailBuffer{max: 8 << 10}}
 	nd.cmd = exec.Command(exe, append([]string{"serve", "-data-dir", dataDir}, args...)...)
-	nd.cmd.Env = append(os.Environ(), stormNodeEnv+"=1")
+	nd.cmd.Env = append(os.Environ(), benchChildEnv+"=1")
 	nd.cmd.Stderr = nd.log
 	out, err := nd.cmd.StdoutPipe()
 	if err != nil {

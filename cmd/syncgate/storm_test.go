@@ -4,10 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
@@ -15,23 +12,6 @@ import (
 	"github.com/syncgate/syncgate/internal/gwtest"
 	"github.com/syncgate/syncgate/storage"
 )
-
-// init makes the test binary a storm node when `bench storm` starts it
-// (os.Executable is the test binary under go test): it runs the command
-// line as main would, before TestMain.
-func init() {
-	if os.Getenv(stormNodeEnv) == "" {
-		return
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
-	stop()
-	if err != nil {
-		os.Stderr.WriteString("syncgate: " + err.Error() + "\n")
-		os.Exit(1)
-	}
-	os.Exit(0)
-}
 
 // TestStorm_Drain is the drain end-to-end test (issue 4): stormTestN
 // reconnecting sessions on node A, each subscribed to a persisted topic
