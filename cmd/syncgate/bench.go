@@ -30,7 +30,7 @@ import (
 // followed by exactly one JSON line starting with {"bench":"<command>".
 //
 // Files: bench.go (commands, common flags, connection setup), bench_connect.go,
-// bench_fanout.go, bench_topics.go, bench_presence.go, bench_storm.go (one command each;
+// bench_fanout.go, bench_topics.go, bench_presence.go, bench_storm.go, bench_floor.go (one command each;
 // bench_presence_conn.go holds presence's raw sessions;
 // bench_storm_run.go is the storm's wave, shared with the drain test), bench_load.go
 // (publisher and subscriber shared by fanout and topics), bench_hist.go
@@ -39,7 +39,8 @@ import (
 
 const benchUsage = `usage: syncgate bench <command> [flags]
 
-Load-test a running gateway (append runs its own in process, storm two as child processes).
+Load-test a running gateway (append runs its own in process, storm two as child processes;
+floor runs none).
 Each command prints a summary, then one JSON line starting with {"bench":"<command>" (grep '^{"bench"').
 
 Commands:
@@ -61,6 +62,9 @@ Commands:
                                              sessions on A; A drains (plan) or is killed
                                              (close-all): accepts/s at B, time to resubscribe,
                                              % reconnected by spread+2s, messages lost
+  floor   -subs N -rate R -dur T [-size B]   no gateway: fanout's traffic over plain TCP to a
+                                             child process, the machine's lower bound for
+                                             fanout's latency and CPU
 
 Common flags: -url, -metrics, -dial-concurrency, -dial-timeout, -timeout,
 -allow-remote, -source-ips (storm: none of -url, -metrics, -allow-remote). Run "syncgate bench <command> -h" for all flags.
@@ -101,6 +105,8 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return benchAppend(ctx, args, stdout, stderr)
 	case "storm":
 		return benchStorm(ctx, args, stdout, stderr)
+	case "floor":
+		return benchFloor(ctx, args, stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stderr, benchUsage)
 		return errUsage

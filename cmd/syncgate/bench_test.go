@@ -246,10 +246,31 @@ func TestBench_Storm(t *testing.T) {
 	}
 }
 
+func TestBench_Floor(t *testing.T) {
+	t.Parallel()
+	var r floorResult
+	runBench(t, &r, "floor", "-subs", "20", "-rate", "200", "-dur", "1s", "-size", "64")
+	if r.Sent != 200 || r.Behind != 0 || r.SenderError != "" {
+		t.Errorf("sent %d, behind %d, sender error %q; want 200, 0, none", r.Sent, r.Behind, r.SenderError)
+	}
+	if r.Delivered != 200*20 || r.Expected != r.Delivered || r.DeliveryRatio != 1 || r.Lost != 0 || r.Corrupt != 0 {
+		t.Errorf("delivered %d of %d (ratio %v, lost %d, corrupt %d); want 4000 of 4000", r.Delivered, r.Expected,
+			r.DeliveryRatio, r.Lost, r.Corrupt)
+	}
+	if r.Latency.Count != uint64(r.Delivered) || r.Latency.P99 <= 0 || r.Latency.Max < r.Latency.P99 {
+		t.Errorf("latency %+v", r.Latency)
+	}
+	if r.SenderCPUUsPerDelivery <= 0 || r.ReceiverCPUUsPerDelivery <= 0 || r.RecordsPerWrite < 1 {
+		t.Errorf("sender %v µs, receiver %v µs per delivery, %v records per write; want > 0, > 0, ≥ 1",
+			r.SenderCPUUsPerDelivery, r.ReceiverCPUUsPerDelivery, r.RecordsPerWrite)
+	}
+}
+
 func TestBench_Usage(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{nil, {"nope"}, {"fanout", "-bogus"}, {"topics", "extra"},
-		{"fanout", "-subscriber", "fast", "-url", "ws://127.0.0.1:1/v1/ws"}} {
+		{"fanout", "-subscriber", "fast", "-url", "ws://127.0.0.1:1/v1/ws"},
+		{"floor", "-size", "8"}, {"floor", "-role", "boss"}, {"floor", "-wait", "-1s"}} {
 		var out, errOut bytes.Buffer
 		err := bench(t.Context(), args, &out, &errOut)
 		if err == nil {
