@@ -24,7 +24,8 @@ type Config struct {
 	Transport fanout.Transport
 
 	// Registry receives the gateway's metrics and is served at /metrics.
-	// Nil means a new registry with the Go and process collectors.
+	// Nil means a new registry with the Go and process collectors (the Go
+	// collector with the scheduler's latency histogram).
 	Registry *prometheus.Registry
 
 	// BuildID is the current app build, sent in the server's hello; a

@@ -80,6 +80,7 @@ func TestGateway_Metrics(t *testing.T) {
 		"syncgate_bytes_in_total",
 		"syncgate_bytes_out_total",
 		"process_resident_memory_bytes",
+		"go_sched_latencies_seconds_count",
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %q", want)
