@@ -50,8 +50,19 @@ type streamServer struct {
 
 func newStreamServer(t testing.TB, cfg gateway.Config) *streamServer {
 	t.Helper()
+	return newStreamServerWith(t, cfg, nil)
+}
+
+// newStreamServerWith is newStreamServer with the log's options changed
+// by opt (when not nil).
+func newStreamServerWith(t testing.TB, cfg gateway.Config, opt func(*storage.Options)) *streamServer {
+	t.Helper()
 	clock := &fakeClock{t: time.Now()}
-	db, err := storage.Open(filepath.Join(t.TempDir(), "streams.db"), &storage.Options{NoSync: true, Now: clock.Now, MaxAppendBytes: cfg.MaxAppendBytes})
+	opts := &storage.Options{NoSync: true, Now: clock.Now, MaxAppendBytes: cfg.MaxAppendBytes}
+	if opt != nil {
+		opt(opts)
+	}
+	db, err := storage.Open(filepath.Join(t.TempDir(), "streams.db"), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -564,6 +575,38 @@ func TestStreamHTTP_Fork(t *testing.T) {
 	s.do(t, "PUT", "/v1/stream/src", hdr("Content-Type", "text/plain"), "").want(t, 409)
 	s.do(t, "PUT", "/v1/stream/fork2", hdr("Stream-Forked-From", "/v1/stream/src"), "").want(t, 409)
 	s.do(t, "GET", "/v1/stream/fork", nil, "").want(t, 200).wantBody(t, "hello world!")
+}
+
+// TestStreamHTTP_ForkIntoPrunedRecords: a fork whose sub-offset needs
+// source records that retention removed is refused 410, naming retention
+// and where a fork can start, not as a deleted source.
+func TestStreamHTTP_ForkIntoPrunedRecords(t *testing.T) {
+	t.Parallel()
+	s := newStreamServerWith(t, gateway.Config{}, func(o *storage.Options) {
+		o.Retention = storage.Retention{MaxRecords: 2}
+		o.MaintenanceInterval = 5 * time.Millisecond
+	})
+	js := hdr("Content-Type", "application/json")
+	if r := s.do(t, "PUT", "/v1/stream/src", js, `[1,2]`); r.status != 201 {
+		t.Fatalf("create: %d %s", r.status, r.body)
+	}
+	for _, b := range []string{`[3]`, `[4]`, `[5]`} {
+		if r := s.do(t, "POST", "/v1/stream/src", js, b); r.status != 204 && r.status != 200 {
+			t.Fatalf("append %s: %d %s", b, r.status, r.body)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for s.do(t, "GET", "/v1/stream/src?offset="+zeroOffset, nil, "").status != 410 {
+		if time.Now().After(deadline) {
+			t.Fatal("retention never pruned the first records")
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline: maintenance runs on its own ticker
+	}
+	r := s.do(t, "PUT", "/v1/stream/fork", hdr("Content-Type", "application/json", "Stream-Forked-From", "/v1/stream/src",
+		"Stream-Fork-Offset", zeroOffset, "Stream-Fork-Sub-Offset", "1"), "")
+	if r.status != 410 || !strings.Contains(r.body, "retains") || strings.Contains(r.body, "deleted") {
+		t.Fatalf("fork into pruned records: %d %q; want 410 naming retention", r.status, r.body)
+	}
 }
 
 func TestStreamHTTP_TooLarge(t *testing.T) {

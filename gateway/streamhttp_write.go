@@ -99,8 +99,13 @@ func (s *Server) serveCreate(w http.ResponseWriter, r *http.Request, name string
 }
 
 // forkSourceError maps the errors of a fork's creation that concern its
-// source: a soft-deleted source cannot be forked (409).
+// source: a fork point in records retention removed is gone (410); a
+// soft-deleted source cannot be forked (409).
 func forkSourceError(err error) error {
+	if pe, ok := errors.AsType[*storage.PrunedError](err); ok {
+		return &requestError{http.StatusGone, "gone: the fork point is older than what the Stream-Forked-From source retains: fork at offset " +
+			pe.Pruned + " or later"}
+	}
 	if errors.Is(err, storage.ErrGone) {
 		return &requestError{http.StatusConflict, "the Stream-Forked-From source was deleted: it can no longer be forked"}
 	}
