@@ -3,6 +3,8 @@ package gateway_test
 import (
 	"context"
 	"net/http"
+	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -84,6 +86,45 @@ func TestGateway_Metrics(t *testing.T) {
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %q", want)
+		}
+	}
+}
+
+// TestMetrics_Documented: docs/metrics.md names every syncgate_* metric
+// the gateway registers, and no other.
+func TestMetrics_Documented(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{})
+	// Error acks by code are created on first use: make one.
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0)
+	c.SendRaw(`nonsense`)
+	gwtest.Expect[*frames.Ack](c)
+	registered := map[string]bool{}
+	for line := range strings.Lines(scrape(t, srv.ts.URL)) {
+		if name, ok := strings.CutPrefix(line, "# TYPE syncgate_"); ok {
+			registered["syncgate_"+strings.Fields(name)[0]] = true
+		}
+	}
+	doc, err := os.ReadFile("../docs/metrics.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]bool{}
+	for _, m := range regexp.MustCompile("`(syncgate_[a-z_]+)`").FindAllStringSubmatch(string(doc), -1) {
+		documented[m[1]] = true
+	}
+	if len(registered) < 20 {
+		t.Fatalf("only %d syncgate_ metrics registered: %v", len(registered), registered)
+	}
+	for name := range registered {
+		if !documented[name] {
+			t.Errorf("%s is registered but not in docs/metrics.md", name)
+		}
+	}
+	for name := range documented {
+		if !registered[name] {
+			t.Errorf("docs/metrics.md names %s, which is not registered", name)
 		}
 	}
 }
