@@ -91,7 +91,8 @@ func TestGateway_Metrics(t *testing.T) {
 }
 
 // TestMetrics_Documented: docs/metrics.md names every syncgate_* metric
-// the gateway registers, and no other.
+// the gateway registers, and no other, and lists every value of their
+// reason and outcome labels.
 func TestMetrics_Documented(t *testing.T) {
 	t.Parallel()
 	srv := newTestServer(t, gateway.Config{})
@@ -100,15 +101,21 @@ func TestMetrics_Documented(t *testing.T) {
 	c.Hello("", 0)
 	c.SendRaw(`nonsense`)
 	gwtest.Expect[*frames.Ack](c)
+	doc, err := os.ReadFile("../docs/metrics.md")
+	if err != nil {
+		t.Fatal(err)
+	}
 	registered := map[string]bool{}
+	label := regexp.MustCompile(`(reason|outcome)="([a-z_]+)"`)
 	for line := range strings.Lines(scrape(t, srv.ts.URL)) {
 		if name, ok := strings.CutPrefix(line, "# TYPE syncgate_"); ok {
 			registered["syncgate_"+strings.Fields(name)[0]] = true
 		}
-	}
-	doc, err := os.ReadFile("../docs/metrics.md")
-	if err != nil {
-		t.Fatal(err)
+		// The reasons and outcomes are listed on the page too.
+		if m := label.FindStringSubmatch(line); m != nil && strings.HasPrefix(line, "syncgate_") &&
+			!strings.Contains(string(doc), "`"+m[2]+"`") {
+			t.Errorf("docs/metrics.md does not list %s=%q (%s)", m[1], m[2], strings.Fields(line)[0])
+		}
 	}
 	documented := map[string]bool{}
 	for _, m := range regexp.MustCompile("`(syncgate_[a-z_]+)`").FindAllStringSubmatch(string(doc), -1) {

@@ -146,7 +146,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		m.rejected[r] = rejected.WithLabelValues(r)
 	}
 	resumes := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "syncgate_resumes_total", Help: "Subscribes with a cursor to persisted topics, by outcome.",
+		Name: "syncgate_resumes_total", Help: "Subscribes with a cursor to persisted topics, by outcome; expired also counts live subscriptions sent a new snapshot because their log was replaced or retention skipped records they had not read.",
 	}, []string{"outcome"})
 	for _, o := range []string{resumeReplayed, resumeExpired} {
 		m.resumes[o] = resumes.WithLabelValues(o)
@@ -182,10 +182,10 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 
 // newRegistry returns a registry with the Go and process collectors. The Go
 // collector adds the runtime's scheduling latency (go_sched_latencies_seconds:
-// how long goroutines wait runnable before they run). When the node's CPU
-// is saturated that wait is where inbound frames sit, read late: the
-// delivery latency histogram starts at the publish and cannot show it (see
-// docs/benchmarks.md, "Overload").
+// how long goroutines wait runnable before they run). A long tail there
+// means the node is CPU-bound and every goroutine, the readers of inbound
+// frames among them, waits to run; the delivery latency histogram starts
+// at the publish and cannot show that (see docs/metrics.md).
 func newRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(

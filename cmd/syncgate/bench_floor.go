@@ -21,9 +21,11 @@ import (
 // syncgate bench floor measures the machine, not the gateway: the fanout of
 // bench fanout (N subscribers, R messages a second for T) carried by plain
 // TCP between two processes and nothing else: no WebSocket, no JSON, no
-// hub, no pacing delay. No gateway on this machine, with its load generator on
-// the same cores, can deliver sooner or cheaper than this, so it tells a
-// latency target the machine cannot meet from one the gateway misses.
+// hub, no pacing delay. No gateway on this machine, with its load generator
+// on the same cores, can deliver sooner than this at its batching (a
+// gateway that batches more spends less CPU per delivery and waits
+// longer), so it tells a latency target the machine cannot meet from one
+// the gateway misses.
 //
 // The sender is a child process in the gateway's place. Each connection
 // has a writer goroutine and an unbounded queue: a publish appends the
@@ -48,8 +50,9 @@ const floorSynopsis = "-subs N -rate R -dur T [-size B]"
 // 100 as the gateway sends it (360 bytes).
 const floorDefaultSize = 360
 
-// floorMinSize holds the send time and one byte of padding, which the
-// receiver checks to catch a record boundary gone astray.
+// floorMinSize holds the send time and one byte of padding. The receiver
+// checks a record's first and last padding bytes to catch a record
+// boundary gone astray.
 const floorMinSize = 9
 
 // floorListenPrefix starts the sender's first line; the address follows.
@@ -384,7 +387,7 @@ func (c *floorConn) read(size int) {
 		have += n
 		k := 0
 		for ; have-k >= size; k += size {
-			if buf[k+size-1] != 'x' {
+			if buf[k+8] != 'x' || buf[k+size-1] != 'x' {
 				// Count what came before; closing tells the sender
 				// to stop writing here.
 				c.corrupt = true
