@@ -44,7 +44,7 @@ import (
 // out its queues, prints its report (one JSON line) and closes. It stops
 // when its stdin ends: a receiver that is gone never leaves it behind.
 
-const floorSynopsis = "-subs N -rate R -dur T [-size B]"
+const floorSynopsis = "-subs N -rate R -dur T [-size B] [-each]"
 
 // floorDefaultSize is about a patch frame of bench fanout's default -size
 // 100 as the gateway sends it (360 bytes).
@@ -66,6 +66,7 @@ type floorFlags struct {
 	wait    time.Duration
 	timeout time.Duration
 	role    string
+	each    bool
 }
 
 func (f *floorFlags) register(fs *flag.FlagSet) {
@@ -75,6 +76,7 @@ func (f *floorFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.size, "size", floorDefaultSize, "bytes per message (the default is about a patch frame of bench fanout's default -size)")
 	fs.DurationVar(&f.wait, "wait", 5*time.Second, "after -dur, how long to wait for the last deliveries")
 	fs.DurationVar(&f.timeout, "timeout", 2*time.Minute, "hard bound on the whole run")
+	fs.BoolVar(&f.each, "each", false, "send each message to one connection, round robin, as bench topics publishes to one subscriber's topic each (-rate is then the total)")
 	fs.StringVar(&f.role, "role", "", "internal: 'sender' runs the sending side, which bench floor starts as a child process")
 }
 
@@ -112,6 +114,7 @@ type floorSenderReport struct {
 type floorResult struct {
 	Bench string  `json:"bench"`
 	Subs  int     `json:"subs"`
+	Each  bool    `json:"each"` // -each: one connection per message, round robin
 	Rate  float64 `json:"rate"`
 	DurS  float64 `json:"dur_s"`
 	Size  int     `json:"size"`
@@ -122,7 +125,7 @@ type floorResult struct {
 	SenderError string  `json:"sender_error,omitempty"`
 
 	Delivered     int64       `json:"delivered"`
-	Expected      int64       `json:"expected"` // sent × subs
+	Expected      int64       `json:"expected"` // sent × subs (-each: sent)
 	DeliveredPerS float64     `json:"delivered_per_s"`
 	DeliveryRatio float64     `json:"delivery_ratio"`
 	Lost          int64       `json:"lost"`
@@ -272,8 +275,12 @@ func floorSend(ctx context.Context, f floorFlags, in io.Reader, out io.Writer) e
 	for i := 8; i < len(rec); i++ {
 		rec[i] = 'x'
 	}
-	run := pace(ctx, f.rate, f.dur, func(_ int64, at time.Time) error {
+	run := pace(ctx, f.rate, f.dur, func(k int64, at time.Time) error {
 		binary.LittleEndian.PutUint64(rec, uint64(at.UnixNano()))
+		if f.each {
+			qs[k%int64(len(qs))].push(rec)
+			return nil
+		}
 		for _, q := range qs {
 			q.push(rec)
 		}
@@ -313,7 +320,7 @@ func startFloorSender(ctx context.Context, f floorFlags) (*floorSender, string, 
 	s := &floorSender{lines: make(chan string, 4), stderr: &tailBuffer{max: 8 << 10}}
 	s.cmd = exec.CommandContext(ctx, exe, "bench", "floor", "-role", "sender",
 		"-subs", fmt.Sprint(f.subs), "-rate", fmt.Sprint(f.rate), "-dur", f.dur.String(),
-		"-size", fmt.Sprint(f.size), "-timeout", f.timeout.String())
+		"-size", fmt.Sprint(f.size), "-timeout", f.timeout.String(), "-each="+fmt.Sprint(f.each))
 	s.cmd.Env = append(os.Environ(), benchChildEnv+"=1")
 	s.cmd.Stderr = s.stderr
 	if s.stdin, err = s.cmd.StdinPipe(); err != nil {
@@ -427,8 +434,12 @@ func floorReceive(ctx context.Context, f floorFlags, stdout, stderr io.Writer) e
 		}
 		cs[i] = &floorConn{conn: c, hist: hist.shard(i)}
 	}
-	fmt.Fprintf(stdout, "floor: %d connections over plain TCP, %g msgs/s for %s, %d-byte messages\n",
-		f.subs, f.rate, f.dur, f.size)
+	each := "each to every connection"
+	if f.each {
+		each = "each to one connection, round robin"
+	}
+	fmt.Fprintf(stdout, "floor: %d connections over plain TCP, %g msgs/s (%s) for %s, %d-byte messages\n",
+		f.subs, f.rate, each, f.dur, f.size)
 	var wg sync.WaitGroup
 	for _, c := range cs {
 		wg.Go(func() { c.read(f.size) })
@@ -459,7 +470,7 @@ func floorReceive(ctx context.Context, f floorFlags, stdout, stderr io.Writer) e
 		return fmt.Errorf("bench floor: stopped after -timeout %s or by a signal: %w", f.timeout, ctx.Err())
 	}
 	var last int64
-	r := floorResult{Bench: "floor", Subs: f.subs, Rate: f.rate, DurS: f.dur.Seconds(), Size: f.size,
+	r := floorResult{Bench: "floor", Subs: f.subs, Each: f.each, Rate: f.rate, DurS: f.dur.Seconds(), Size: f.size,
 		LatencyMethod: histMethod}
 	for _, c := range cs {
 		r.Delivered += c.count.Load()
@@ -480,6 +491,9 @@ func floorReceive(ctx context.Context, f floorFlags, stdout, stderr io.Writer) e
 	r.Sent, r.Behind, r.SenderError = sr.Sent, sr.Behind, sr.Err
 	r.OfferedPerS = perSecond(float64(sr.Sent), end.Sub(start))
 	r.Expected = sr.Sent * int64(f.subs)
+	if f.each {
+		r.Expected = sr.Sent
+	}
 	r.DeliveryRatio = round(ratio(float64(r.Delivered), float64(r.Expected)), 6)
 	r.Lost = max(0, r.Expected-r.Delivered)
 	span := end.Sub(start)

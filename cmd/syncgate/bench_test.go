@@ -266,6 +266,21 @@ func TestBench_Floor(t *testing.T) {
 	}
 }
 
+// TestBench_FloorEach: with -each every message goes to one connection,
+// round robin, so each of 20 gets a twentieth.
+func TestBench_FloorEach(t *testing.T) {
+	t.Parallel()
+	var r floorResult
+	runBench(t, &r, "floor", "-subs", "20", "-rate", "400", "-dur", "1s", "-size", "64", "-each")
+	if !r.Each || r.Sent != 400 || r.Expected != 400 || r.Delivered != 400 || r.Lost != 0 || r.Corrupt != 0 {
+		t.Errorf("each %v: sent %d, expected %d, delivered %d (lost %d, corrupt %d); want 400 of each", r.Each,
+			r.Sent, r.Expected, r.Delivered, r.Lost, r.Corrupt)
+	}
+	if r.Latency.Count != 400 {
+		t.Errorf("latency count %d, want 400", r.Latency.Count)
+	}
+}
+
 func TestBench_Usage(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{nil, {"nope"}, {"fanout", "-bogus"}, {"topics", "extra"},
