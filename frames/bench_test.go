@@ -3,6 +3,7 @@ package frames
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -159,5 +160,40 @@ func BenchmarkEncode_PresenceSync(b *testing.B) {
 			}
 			b.SetBytes(int64(len(buf)))
 		})
+	}
+}
+
+// benchMutate is a publish mutate as the Go client sends one: a 100-byte
+// message, the size syncgate bench uses.
+func benchMutate(b *testing.B) *Mutate {
+	input, err := AppendPublishInput(nil, "bench:topics:42", json.RawMessage(`{"t":1764467000000000000,"pad":"`+strings.Repeat("x", 60)+`"}`))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return &Mutate{Key: "s-5c1e:1234", Seq: 1234, Name: "publish", Input: input}
+}
+
+func BenchmarkEncode_Mutate(b *testing.B) {
+	m := benchMutate(b)
+	buf := make([]byte, 0, 512)
+	b.ReportAllocs()
+	for b.Loop() {
+		var err error
+		if buf, err = AppendEncode(buf[:0], m); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkEncode_Mutate_std is the same mutate through encoding/json.
+func BenchmarkEncode_Mutate_std(b *testing.B) {
+	m := benchMutate(b)
+	buf := make([]byte, 0, 512)
+	b.ReportAllocs()
+	for b.Loop() {
+		var err error
+		if buf, err = appendReflect(buf[:0], m); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

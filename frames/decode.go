@@ -667,6 +667,9 @@ func (d *decoder) hello(o *object) *Hello {
 	if v := o.get("epoch"); v != nil && d.err == nil {
 		h.Epoch = d.intValue(o.at, "epoch", v, true)
 	}
+	if v := o.get("maxMessage"); v != nil && d.err == nil {
+		h.MaxMessage = d.intValue(o.at, "maxMessage", v, true)
+	}
 	return h
 }
 

@@ -77,6 +77,8 @@ func TestDecode_Malformed(t *testing.T) {
 		{"hello sessionId number", `{"type":"hello","v":1,"buildId":"b","sessionId":5,"actorId":null,"resume":[]}`, CodeBadField, "", "hello.sessionId"},
 		{"hello buildId missing", `{"type":"hello","v":1,"sessionId":null,"actorId":null,"resume":[]}`, CodeMissingField, "", "hello.buildId"},
 		{"hello epoch negative", hel + `"resume":[],"epoch":-1}`, CodeBadField, "", "hello.epoch"},
+		{"hello maxMessage negative", hel + `"resume":[],"maxMessage":-1}`, CodeBadField, "", "hello.maxMessage"},
+		{"hello maxMessage string", hel + `"resume":[],"maxMessage":"64k"}`, CodeBadField, "", "hello.maxMessage"},
 		{"hello token null", hel + `"resume":[],"token":null}`, CodeBadField, "", "hello.token"},
 		{"hello resume not cursors", hel + `"resume":[5]}`, CodeBadField, "", "hello.resume[0]"},
 		{"hello resume cursor qid missing", hel + `"resume":[{` + cur + `},{"lsn":"","digest":"","ids":[],"count":0,"at":0}]}`, CodeMissingField, "", "hello.resume[1].qid"},
@@ -144,7 +146,7 @@ func TestDecode_Frames(t *testing.T) {
 	cursor := Cursor{QID: "topic:room-1", LSN: "0000000000000000_0000000000000042", Digest: "", IDs: []string{}, At: 1767225600000}
 	want := map[string]Frame{
 		"hello/client": &Hello{BuildID: "web-2026.08.1", Resume: []Cursor{cursor}, ClientID: "tab-7f3a", Epoch: 2},
-		"hello/server": &Hello{BuildID: "srv-1", SessionID: ptr("s_91"), Resume: []Cursor{}},
+		"hello/server": &Hello{BuildID: "srv-1", SessionID: ptr("s_91"), Resume: []Cursor{}, MaxMessage: 65536},
 		"subscribe/topic": &Subscribe{Op: OpAdd, SID: "s1",
 			Target: Target{Kind: TargetTopic, Topic: "room-1"}},
 		"subscribe/topic-cursor": &Subscribe{Op: OpAdd, SID: "s2",

@@ -34,8 +34,9 @@ func Encode(f Frame) ([]byte, error) {
 // AppendEncode appends the wire form of f (see [Encode]) to dst and
 // returns the extended slice. On error it returns dst unchanged.
 //
-// Ack, patch and presence frames are written by hand without reflection or
-// allocation beyond growing dst; the other kinds go through encoding/json.
+// Ack, patch, presence and mutate frames (the ones sent at high rates) are
+// written by hand without reflection or allocation beyond growing dst; the
+// other kinds go through encoding/json.
 func AppendEncode(dst []byte, f Frame) ([]byte, error) {
 	switch f := f.(type) {
 	case *Ack:
@@ -57,6 +58,11 @@ func AppendEncode(dst []byte, f Frame) ([]byte, error) {
 			break
 		}
 		return appendPresence(dst, f)
+	case *Mutate:
+		if f == nil {
+			break
+		}
+		return appendMutate(dst, f)
 	default:
 		return appendReflect(dst, f)
 	}
@@ -205,6 +211,48 @@ func appendAck(dst []byte, a *Ack) []byte {
 		dst = append(dst, '}')
 	}
 	return append(dst, '}')
+}
+
+// appendMutate appends m as appendReflect would (encoding/json, HTML
+// escaping off).
+func appendMutate(dst []byte, m *Mutate) ([]byte, error) {
+	out := append(dst, `{"type":"mutate","v":1,"key":`...)
+	out = appendString(out, m.Key)
+	out = append(out, `,"seq":`...)
+	out = strconv.AppendInt(out, m.Seq, 10)
+	out = append(out, `,"name":`...)
+	out = appendString(out, m.Name)
+	out = append(out, `,"input":`...)
+	out, err := appendRawOrNull(out, m.Input)
+	if err != nil {
+		return dst, fmt.Errorf("%w: mutate: input: %w", ErrUnencodable, err)
+	}
+	return append(out, '}'), nil
+}
+
+// AppendPublishInput appends the input of the built-in "publish" mutation,
+// {"topic":<topic>,"data":<data>}, to dst: what an encoding/json Encoder
+// with HTML escaping off writes for that object (as [Encode] escapes),
+// data compacted (nil data is null). It fails, returning dst
+// unchanged, if data is not one valid JSON value in UTF-8.
+func AppendPublishInput(dst []byte, topic string, data json.RawMessage) ([]byte, error) {
+	out := append(dst, `{"topic":`...)
+	out = appendString(out, topic)
+	out = append(out, `,"data":`...)
+	out, err := appendRawOrNull(out, data)
+	if err != nil {
+		return dst, fmt.Errorf("%w: publish input: data: %w", ErrUnencodable, err)
+	}
+	return append(out, '}'), nil
+}
+
+// appendRawOrNull is appendRaw, with a nil raw written as null (as
+// encoding/json writes a nil RawMessage).
+func appendRawOrNull(dst, raw []byte) ([]byte, error) {
+	if raw == nil {
+		return append(dst, "null"...), nil
+	}
+	return appendRaw(dst, raw)
 }
 
 // errRawUTF8 is the reason for a raw field holding invalid UTF-8.

@@ -108,12 +108,18 @@ func TestAppendEncode_Appends(t *testing.T) {
 	}
 }
 
-// TestEncode_HandMatchesReflect checks the hand-written ack and patch
-// encoders against encoding/json.
+// TestEncode_HandMatchesReflect checks the hand-written ack, patch,
+// presence and mutate encoders against encoding/json.
 func TestEncode_HandMatchesReflect(t *testing.T) {
 	t.Parallel()
-	for name, f := range roundTripFrames() {
-		if f.FrameType() != TypeAck && f.FrameType() != TypePatch && f.FrameType() != TypePresence {
+	fs := roundTripFrames()
+	// Frames that encode but do not decode back unchanged.
+	fs["mutate/nil"] = &Mutate{Key: "k", Seq: -1, Name: tricky}
+	fs["mutate/spaced"] = &Mutate{Key: "k", Seq: 7, Name: "n", Input: json.RawMessage(" [ 1 , {\"a\" : \"<\u2028>\"} ]\n")}
+	for name, f := range fs {
+		switch f.FrameType() {
+		case TypeAck, TypePatch, TypePresence, TypeMutate:
+		default:
 			continue
 		}
 		t.Run(name, func(t *testing.T) {
@@ -179,6 +185,9 @@ func TestEncode_Errors(t *testing.T) {
 		{"patch row bad UTF-8", &Patch{SID: "s", Patches: []PatchOp{{Op: PatchInsert, ID: "1", Row: json.RawMessage("{\"id\":\"\xff\"}")}}}},
 		{"mutate input not JSON", &Mutate{Key: "k", Name: "n", Input: json.RawMessage(`nope`)}},
 		{"mutate input bad UTF-8", &Mutate{Key: "k", Name: "n", Input: json.RawMessage("\"\xc3\"")}},
+		{"mutate input empty", &Mutate{Key: "k", Name: "n", Input: json.RawMessage{}}},
+		{"mutate input two values", &Mutate{Key: "k", Name: "n", Input: json.RawMessage(`1,"topic":"x"`)}},
+		{"nil mutate", (*Mutate)(nil)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -306,5 +315,44 @@ func TestAppendPresence_MatchesReflect(t *testing.T) {
 	bad := &Presence{Topic: "t", Op: PresenceJoin, Members: []Member{{ID: "a", Meta: json.RawMessage(`{"a":`)}}}
 	if out, err := AppendEncode([]byte("keep"), bad); err == nil || string(out) != "keep" {
 		t.Fatalf("invalid meta: %q, %v; want an error and dst unchanged", out, err)
+	}
+}
+
+// TestAppendPublishInput checks the publish input against encoding/json,
+// and that data which is not exactly one JSON value (which could add keys
+// to the object) is refused with dst unchanged.
+func TestAppendPublishInput(t *testing.T) {
+	t.Parallel()
+	type input struct {
+		Topic string          `json:"topic"`
+		Data  json.RawMessage `json:"data"`
+	}
+	for _, tt := range []struct {
+		topic string
+		data  json.RawMessage
+	}{
+		{"room", json.RawMessage(`{"text":"hi"}`)},
+		{tricky, json.RawMessage(" [ 1 , \"<&>\u2028\" ]\t")},
+		{"", nil},
+		{"t", json.RawMessage(`"\ud83d\ude00"`)},
+	} {
+		var want bytes.Buffer
+		enc := json.NewEncoder(&want)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(input{tt.topic, tt.data}); err != nil {
+			t.Fatal(err)
+		}
+		got, err := AppendPublishInput([]byte("x"), tt.topic, tt.data)
+		if err != nil {
+			t.Fatalf("%q: %v", tt.data, err)
+		}
+		assertEqual(t, "input", string(got), "x"+strings.TrimSuffix(want.String(), "\n"))
+	}
+	for _, bad := range []string{``, `1,"topic":"x"`, `{"a":1}}`, `{"a":`, "\"\xff\""} {
+		got, err := AppendPublishInput([]byte("keep"), "t", json.RawMessage(bad))
+		if !errors.Is(err, ErrUnencodable) {
+			t.Fatalf("data %q: err = %v, want ErrUnencodable", bad, err)
+		}
+		assertEqual(t, "dst", string(got), "keep")
 	}
 }

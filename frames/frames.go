@@ -62,9 +62,9 @@ type Cursor struct {
 }
 
 // Hello opens a session (client to server, SessionID nil) and is answered by
-// the server with the session's id. Token, ClientID and Epoch are optional
-// on the wire: their zero values are left out when encoding, and an absent
-// field decodes to the zero value.
+// the server with the session's id. Token, ClientID, Epoch and MaxMessage
+// are optional on the wire: their zero values are left out when encoding,
+// and an absent field decodes to the zero value.
 type Hello struct {
 	BuildID   string   `json:"buildId"`
 	SessionID *string  `json:"sessionId"`
@@ -73,6 +73,10 @@ type Hello struct {
 	Token     string   `json:"token,omitempty"`
 	ClientID  string   `json:"clientId,omitempty"`
 	Epoch     int64    `json:"epoch,omitempty"`
+	// MaxMessage is sent by the server: the largest client message in
+	// bytes it accepts (larger ones are closed with 1009), so that a
+	// client batching its frames knows how far it may go.
+	MaxMessage int64 `json:"maxMessage,omitempty"`
 }
 
 // Subscribe operations.

@@ -179,3 +179,40 @@ func FuzzAppendString(f *testing.F) {
 		}
 	})
 }
+
+// FuzzPublishInput compares AppendPublishInput with encoding/json (HTML
+// escaping off, as Encode), and checks that whatever it accepts is an
+// object with exactly the keys topic and data.
+func FuzzPublishInput(f *testing.F) {
+	for _, s := range []string{`{"a":1}`, ` [1 , 2] `, `1,"topic":"x"`, `"\u2028<&>"`, "\"\xff\"", ``, `{} {}`} {
+		f.Add(tricky, []byte(s))
+	}
+	f.Fuzz(func(t *testing.T, topic string, data []byte) {
+		got, err := AppendPublishInput(nil, topic, data)
+		if err != nil {
+			if json.Valid(data) && utf8.Valid(data) {
+				t.Fatalf("AppendPublishInput(%q) refused valid data: %v", data, err)
+			}
+			return
+		}
+		var want bytes.Buffer
+		enc := json.NewEncoder(&want)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(struct {
+			Topic string          `json:"topic"`
+			Data  json.RawMessage `json:"data"`
+		}{topic, data}); err != nil {
+			t.Fatalf("accepted %q, which encoding/json refuses: %v", data, err)
+		}
+		if w := bytes.TrimSuffix(want.Bytes(), []byte("\n")); !bytes.Equal(got, w) {
+			t.Fatalf("AppendPublishInput = %s, encoding/json %s", got, w)
+		}
+		n := 0
+		if !Fields(got, func(key []byte, _ json.RawMessage) bool {
+			n++
+			return n == 1 && string(key) == "topic" || n == 2 && string(key) == "data"
+		}) || n != 2 {
+			t.Fatalf("AppendPublishInput = %s: not an object of topic and data", got)
+		}
+	})
+}

@@ -102,12 +102,13 @@ func (s *session) refreshToken(f *frames.Hello) {
 	s.srv.metrics.tokenRefreshes.Inc()
 	id := s.id
 	s.send(&frames.Hello{
-		BuildID:   s.srv.BuildID(),
-		SessionID: &id,
-		ActorID:   st.actorID,
-		Resume:    []frames.Cursor{},
-		ClientID:  s.clientID,
-		Epoch:     s.epoch,
+		BuildID:    s.srv.BuildID(),
+		SessionID:  &id,
+		ActorID:    st.actorID,
+		Resume:     []frames.Cursor{},
+		ClientID:   s.clientID,
+		Epoch:      s.epoch,
+		MaxMessage: s.srv.cfg.MaxFrameBytes,
 	})
 }
 

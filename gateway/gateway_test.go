@@ -18,7 +18,7 @@ func TestGateway_HelloAnswered(t *testing.T) {
 	if h.SessionID == nil || len(*h.SessionID) != 32 {
 		t.Fatalf("sessionId = %v, want a 32-char id", h.SessionID)
 	}
-	if h.BuildID != "b42" || h.ClientID != "client-1" || h.Epoch != 3 {
+	if h.BuildID != "b42" || h.ClientID != "client-1" || h.Epoch != 3 || h.MaxMessage != 65536 {
 		t.Fatalf("hello = %+v", h)
 	}
 	c2 := gwtest.Dial(t, srv.url, nil)

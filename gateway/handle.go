@@ -140,11 +140,12 @@ func (s *session) handleFrameHello(f *frames.Hello) {
 	s.helloTimer = nil
 	id := s.id
 	s.answerHello(&frames.Hello{
-		SessionID: &id,
-		ActorID:   st.actorID,
-		Resume:    []frames.Cursor{},
-		ClientID:  f.ClientID,
-		Epoch:     f.Epoch,
+		SessionID:  &id,
+		ActorID:    st.actorID,
+		Resume:     []frames.Cursor{},
+		ClientID:   f.ClientID,
+		Epoch:      f.Epoch,
+		MaxMessage: s.srv.cfg.MaxFrameBytes,
 	}, f.BuildID)
 }
 
