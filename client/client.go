@@ -23,6 +23,7 @@ import (
 const (
 	DefaultReadLimit    = 4 << 20          // bytes per inbound message
 	DefaultWriteTimeout = 10 * time.Second // per outbound message
+	DefaultBatchBytes   = 16 << 10         // largest outbound batch
 
 	DefaultBackoffBase = 500 * time.Millisecond // first unscheduled retry: up to this
 	DefaultBackoffCap  = 30 * time.Second       // longest unscheduled retry
@@ -78,6 +79,22 @@ type Options struct {
 	// ends the connection, since part of the message may be on the wire.
 	// Zero or negative means DefaultWriteTimeout (10s).
 	WriteTimeout time.Duration
+
+	// BatchBytes is the largest outbound message the Client builds by
+	// joining queued frames with '\n' (a longer frame still goes alone).
+	// Frames queued while a write runs, such as pipelined PublishAsync
+	// calls, go out together, which saves a write per frame on both ends.
+	// A server that states its limit on a client message in its hello
+	// (maxMessage; syncgate does) lowers it to that limit; against a
+	// server that does not, keep BatchBytes within the server's limit or
+	// it closes the connection with 1009. Zero means
+	// DefaultBatchBytes (16 KiB); negative turns batching off: every frame
+	// is its own message.
+	//
+	// The write queue holds at least 64 KiB (or twice BatchBytes) before
+	// Publish, PublishAsync, Mutate, Subscribe and Drop wait for the
+	// writer: the backpressure of a connection slower than its sender.
+	BatchBytes int
 
 	// Logger receives debug logs (undecodable frames, connection end).
 	// Defaults to discarding them.
@@ -148,6 +165,9 @@ func cloneWithDefaults(opts *Options) Options {
 	if o.WriteTimeout <= 0 {
 		o.WriteTimeout = DefaultWriteTimeout
 	}
+	if o.BatchBytes == 0 {
+		o.BatchBytes = DefaultBatchBytes
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -192,8 +212,8 @@ func sleep(ctx context.Context, d time.Duration) error {
 // connections that the Client opens as needed.
 //
 // All methods may be called concurrently. Lock order (outermost first): the
-// send lock sendMu, a connection's write lock, mu, then a Subscription's
-// delivery lock dmu, then its mu.
+// send lock sendMu, mu, then a Subscription's delivery lock dmu, then its
+// mu. A connection's queue lock qmu is a leaf.
 type Client struct {
 	// Static after Dial returns.
 	opts      Options
@@ -342,8 +362,11 @@ func (c *Client) Err() error {
 
 // Close closes the connection (every connection, with Reconnect) with 1000
 // (normal closure) and returns once the Client's goroutines have exited,
-// which waits for a running callback to return. Calls still waiting for an
-// ack fail with net.ErrClosed. Close is idempotent: later calls return nil.
+// which waits for a running callback to return. Frames queued before Close
+// (such as PublishAsync calls that have returned) are written first, for
+// at most [Options.WriteTimeout] per connection. Calls still waiting for
+// an ack fail with net.ErrClosed. Close is idempotent: later calls return
+// nil.
 func (c *Client) Close() error {
 	first := false
 	c.closeOnce.Do(func() {
@@ -401,6 +424,18 @@ func (c *Client) lockSend(ctx context.Context) error {
 }
 
 func (c *Client) unlockSend() { <-c.sendMu }
+
+// waitSendSpace waits, under the send lock, until the current
+// connection's write queue has room (backpressure for a sender faster
+// than the connection), or ctx ends. Without a connection there is
+// nothing to wait for.
+func (c *Client) waitSendSpace(ctx context.Context) error {
+	cn, _ := c.current()
+	if cn == nil {
+		return nil
+	}
+	return cn.waitSpace(ctx)
+}
 
 // current returns the connection new frames go to, nil while
 // reconnecting, or the Client's error once it has ended.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -15,7 +16,7 @@ import (
 )
 
 // conn is one WebSocket connection of a Client: its read loop, its write
-// lock and the acks it waits for.
+// queue and writer goroutine, and the acks it waits for.
 type conn struct {
 	// Static after connect returns.
 	c     *Client
@@ -26,6 +27,7 @@ type conn struct {
 	// Signals.
 	helloc    chan struct{} // closed by the read loop when the handshake ends; see helloErr
 	done      chan struct{} // closed when the read loop has exited
+	wdone     chan struct{} // closed when the writer goroutine has exited
 	wake      chan struct{} // one slot: a reconnect frame arrived
 	closeOnce sync.Once
 	closingc  chan struct{} // closed when we start closing it
@@ -35,11 +37,17 @@ type conn struct {
 	helloErr error
 	rlog     *slog.Logger
 
-	// wmu is the write lock: a one-slot channel so that waiting for it
-	// honours ctx. Only its holder writes to ws.
-	wmu chan struct{}
-	// Guarded by wmu.
-	wbuf []byte // encode buffer, reused
+	// The write queue: the writer goroutine (writeLoop) alone writes to
+	// ws, taking whatever is queued and joining it into batches.
+	qmu        sync.Mutex
+	queue      []outMsg      // guarded by qmu
+	qbytes     int           // guarded by qmu; bytes in queue
+	qspace     chan struct{} // guarded by qmu; closed when the writer takes the queue
+	qerr       error         // guarded by qmu; set once writes have stopped
+	qlimit     int           // static: senders that wait for room wait above this
+	qwake      chan struct{} // one slot: the queue has grown
+	batchLimit atomic.Int64  // largest batch: BatchBytes, lowered to the server's maxMessage
+	wbuf       []byte        // batch buffer, owned by the writer goroutine
 
 	// Guarded by c.mu.
 	pending   map[string][]subWaiter // subscribe acks by sid, in send order
@@ -54,7 +62,7 @@ type conn struct {
 // connection's error when it ends first.
 type subWaiter func(ack *frames.Ack, err error)
 
-// maxKeptWriteBuf is the largest encode buffer kept for reuse.
+// maxKeptWriteBuf is the largest batch buffer kept for reuse.
 const maxKeptWriteBuf = 64 << 10
 
 // connect dials url, starts the read loop, sends hello and waits for the
@@ -77,15 +85,19 @@ func (c *Client) connect(ctx context.Context, url string) (*conn, error) {
 		rlog:     o.Logger.With(logKeyURL, url),
 		helloc:   make(chan struct{}),
 		done:     make(chan struct{}),
+		wdone:    make(chan struct{}),
 		wake:     make(chan struct{}, 1),
 		closingc: make(chan struct{}),
-		wmu:      make(chan struct{}, 1),
+		qwake:    make(chan struct{}, 1),
+		qlimit:   max(minQueueBytes, 2*o.BatchBytes),
 		pending:  make(map[string][]subWaiter),
 	}
+	cn.batchLimit.Store(int64(o.BatchBytes))
 	c.mu.Lock()
 	c.live[cn] = struct{}{}
 	c.mu.Unlock()
 	c.conns.Go(cn.readLoop)
+	c.conns.Go(cn.writeLoop)
 
 	hello := &frames.Hello{
 		BuildID:  o.BuildID,
@@ -161,9 +173,18 @@ func (cn *conn) endErr() error {
 	return cn.err
 }
 
-// close closes the connection with 1000 and waits for the close handshake
-// (bounded by the websocket package).
+// close writes what is queued, closes the connection with 1000 and waits
+// for the close handshake (bounded by the websocket package).
 func (cn *conn) close() error {
+	// What was queued before goes out first (a PublishAsync that
+	// returned is on the wire before the close frame), unless the writes
+	// have stopped or this takes longer than one write may. Outside the
+	// Once, so a closeNow meanwhile is not held up.
+	select {
+	case <-cn.closingc:
+	default:
+		_ = cn.flush(cn.c.opts.WriteTimeout)
+	}
 	var err error
 	cn.closeOnce.Do(func() {
 		close(cn.closingc)
@@ -244,6 +265,9 @@ func (cn *conn) handleFrameHello(f *frames.Hello) {
 	}
 	cn.gotHello = true
 	cn.hello = f
+	if lim := cn.batchLimit.Load(); f.MaxMessage > 0 && f.MaxMessage < lim {
+		cn.batchLimit.Store(f.MaxMessage) // batches must fit the server's limit
+	}
 	if f.SessionID != nil {
 		cn.rlog = cn.rlog.With(logKeySession, *f.SessionID)
 	}
@@ -342,6 +366,7 @@ func (cn *conn) shutdown(readErr error) {
 		}
 	}
 	close(cn.done)
+	<-cn.wdone // the writer exits once done is closed; its writes fail on the closed socket
 	if !c.opts.Reconnect {
 		c.shutdown(err)
 	}
@@ -357,64 +382,11 @@ func (cn *conn) addSubWaiterLocked(sid string, w subWaiter) error {
 	return nil
 }
 
-// send encodes f and writes it as one message under the write lock.
-func (cn *conn) send(ctx context.Context, f frames.Frame) error {
-	if err := cn.lockWrite(ctx); err != nil {
-		return err
-	}
-	defer cn.unlockWrite()
-	if cap(cn.wbuf) > maxKeptWriteBuf {
-		cn.wbuf = nil
-	}
-	msg, err := frames.AppendEncode(cn.wbuf[:0], f)
-	if err != nil {
-		return fmt.Errorf("client: encode %s: %w", f.FrameType(), err)
-	}
-	cn.wbuf = msg
-	return cn.writeLocked(msg)
-}
-
-// sendRaw writes msg under the write lock.
-func (cn *conn) sendRaw(ctx context.Context, msg []byte) error {
-	if err := cn.lockWrite(ctx); err != nil {
-		return err
-	}
-	defer cn.unlockWrite()
-	return cn.writeLocked(msg)
-}
-
-// lockWrite takes the write lock, giving up when ctx ends or the
-// connection has ended.
-func (cn *conn) lockWrite(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	select {
-	case cn.wmu <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-cn.done:
-		return cn.endErr()
-	}
-	// Both may have become ready while we waited for the lock.
-	if err := ctx.Err(); err != nil {
-		cn.unlockWrite()
-		return err
-	}
-	if err := cn.endErr(); err != nil {
-		cn.unlockWrite()
-		return err
-	}
-	return nil
-}
-
-func (cn *conn) unlockWrite() { <-cn.wmu }
-
-// writeLocked writes msg as one text message within the write timeout.
+// writeMsg writes msg as one text message within the write timeout.
 // A failed write leaves the stream in an unknown state (part of the message
-// may have been sent), so it ends the connection. Caller holds the write
-// lock.
-func (cn *conn) writeLocked(msg []byte) error {
+// may have been sent), so it ends the connection. Only the writer
+// goroutine calls it.
+func (cn *conn) writeMsg(msg []byte) error {
 	ctx, cancel := context.WithTimeout(context.Background(), cn.c.opts.WriteTimeout)
 	defer cancel()
 	if err := cn.ws.Write(ctx, websocket.MessageText, msg); err != nil {

@@ -12,10 +12,12 @@
 // All methods of [Client] and [Subscription] may be called from any
 // goroutine. Each connection runs one read goroutine, owned by the Client
 // and waited for in Close; with [Options.Reconnect] one more goroutine
-// supervises the connections. Frames are written one at a time under a
-// write lock with a write timeout ([Options.WriteTimeout]); a mutate's seq
-// is assigned under a send lock held across the write, so seqs reach the
-// wire in order.
+// supervises the connections. Each connection also runs one write
+// goroutine: frames are queued in the order the calls make them, and the
+// writer sends whatever is queued, joined into batches of up to
+// [Options.BatchBytes], each write bounded by [Options.WriteTimeout]. A
+// mutate's seq is assigned and its frame queued under one send lock, so
+// seqs reach the wire in order.
 //
 // # Callbacks and backpressure
 //

@@ -12,12 +12,6 @@ import (
 // MutationPublish is the mutate name of [Client.Publish].
 const MutationPublish = "publish"
 
-// publishInput is the input of a publish mutate.
-type publishInput struct {
-	Topic string          `json:"topic"`
-	Data  json.RawMessage `json:"data"`
-}
-
 // Publish publishes data (a JSON value) to topic and waits for the ack. It
 // returns the ack's lsn ("" if the server gave none), or a *frames.Error if
 // the ack carries an error.
@@ -25,9 +19,9 @@ type publishInput struct {
 // If ctx ends first, Publish returns ctx.Err(); the message may still be
 // published, and its ack goes to [Options.OnFrame].
 func (c *Client) Publish(ctx context.Context, topic string, data json.RawMessage) (lsn string, err error) {
-	input, err := json.Marshal(publishInput{Topic: topic, Data: data})
+	input, err := frames.AppendPublishInput(nil, topic, data)
 	if err != nil {
-		return "", fmt.Errorf("client: publish input: %w", err)
+		return "", fmt.Errorf("client: %w", err)
 	}
 	ack, err := c.Mutate(ctx, MutationPublish, input)
 	if err != nil {
@@ -37,19 +31,22 @@ func (c *Client) Publish(ctx context.Context, topic string, data json.RawMessage
 }
 
 // PublishAsync publishes data to topic without waiting for the ack, so many
-// publishes may be in flight. It returns once the mutate is written; done
+// publishes may be in flight. It returns once the mutate is queued for the
+// connection's writer (which batches queued frames, see
+// [Options.BatchBytes]); done
 // is then called exactly once from the read loop, in ack order, with the
 // ack's lsn or error (a *frames.Error, or the connection's error if it ends
 // first). If PublishAsync returns an error, done is never called. done must
 // not block for long (see the package doc).
 //
-// ctx bounds only the wait for the write lock. PublishAsync may be called
-// from many goroutines; seqs go on the wire in the order the calls take the
-// write lock.
+// ctx bounds only the wait for the send lock and for room in the write
+// queue (see [Options.BatchBytes]); a PublishAsync that fails on ctx used
+// no seq and sent nothing. PublishAsync may be called from many goroutines;
+// seqs go on the wire in the order the calls take the send lock.
 func (c *Client) PublishAsync(ctx context.Context, topic string, data json.RawMessage, done func(lsn string, err error)) error {
-	input, err := json.Marshal(publishInput{Topic: topic, Data: data})
+	input, err := frames.AppendPublishInput(nil, topic, data)
 	if err != nil {
-		return fmt.Errorf("client: publish input: %w", err)
+		return fmt.Errorf("client: %w", err)
 	}
 	_, err = c.sendMutate(ctx, MutationPublish, input, func(a *frames.Ack, err error) {
 		if err == nil {
@@ -99,18 +96,23 @@ func (c *Client) Mutate(ctx context.Context, name string, input json.RawMessage)
 	return r.ack, ackError(r.ack)
 }
 
-// sendMutate assigns the next seq and its key, records the mutation with
-// fn as its ack waiter and writes it on the current connection, all under
-// the send lock, so seqs reach the wire in order. If it returns an error,
-// fn is never called.
+// sendMutate waits for room in the current connection's write queue,
+// assigns the next seq and its key, records the mutation with fn as its
+// ack waiter and queues it on the connection, all under the send lock, so
+// seqs reach the wire in order. If it returns an error, fn is never
+// called.
 //
-// With Reconnect a failed write, or no connection, is not an error: the
-// mutation is re-sent on the next connection.
+// With Reconnect a connection whose writes have stopped, or no
+// connection, is not an error: the mutation is re-sent on the next
+// connection.
 func (c *Client) sendMutate(ctx context.Context, name string, input json.RawMessage, fn func(*frames.Ack, error)) (*mutation, error) {
 	if err := c.lockSend(ctx); err != nil {
 		return nil, err
 	}
 	defer c.unlockSend()
+	if err := c.waitSendSpace(ctx); err != nil {
+		return nil, err // nothing recorded, the seq not used
+	}
 
 	seq := c.seq
 	key := c.keyPrefix + strconv.FormatInt(seq, 10)
@@ -137,12 +139,14 @@ func (c *Client) sendMutate(ctx context.Context, name string, input json.RawMess
 	if cn == nil {
 		return m, nil // queued until a connection takes over
 	}
-	err = cn.sendRaw(context.Background(), msg)
+	err = cn.post(msg)
 	if err != nil && !c.opts.Reconnect && c.takeMutation(m) {
 		return nil, err
 	}
-	// Written, or the write failed but the connection's end already
+	// Queued, or the connection's writes had stopped but its end already
 	// claimed the mutation (or will re-send it): fn reports the outcome.
+	// A write that fails later ends the connection, which fails or
+	// re-sends the mutation in the same way.
 	return m, nil
 }
 

@@ -265,7 +265,9 @@ func (c *Client) takeOver(ctx context.Context, old, next *conn, resumed Event) b
 		if cur.QID != "" {
 			target.Cursor = &cur
 		}
-		if next.send(ctx, &frames.Subscribe{Op: frames.OpAdd, SID: s.sid, Target: target}) != nil {
+		// Queued, not waited for: each subscribe's ack (or next's end)
+		// answers it, and next's writer keeps the order.
+		if next.postFrame(&frames.Subscribe{Op: frames.OpAdd, SID: s.sid, Target: target}) != nil {
 			ok = false
 			break
 		}
@@ -274,13 +276,21 @@ func (c *Client) takeOver(ctx context.Context, old, next *conn, resumed Event) b
 		if !ok {
 			break
 		}
-		if next.sendRaw(ctx, m.msg) != nil {
+		if next.post(m.msg) != nil {
 			ok = false
 		}
 	}
 	c.mu.Lock()
 	if ok && next.err == nil && c.err == nil {
 		c.cur, c.last = next, next
+		if old != nil && old != next {
+			// What old has not written yet must not go out there as
+			// well: its mutates were just re-sent on next. (A message
+			// old's writer is writing at this moment still goes out;
+			// the take-over waited for old's acks first to make that
+			// rare.)
+			old.stopWrites(errReplaced)
+		}
 	} else {
 		ok = false
 		// The subscriptions stay where they were: a reset on that

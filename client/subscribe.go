@@ -85,6 +85,10 @@ func (c *Client) Subscribe(ctx context.Context, topic string, cursor *frames.Cur
 	if err := c.lockSend(ctx); err != nil {
 		return nil, err
 	}
+	if err := c.waitSendSpace(ctx); err != nil {
+		c.unlockSend()
+		return nil, err
+	}
 	c.mu.Lock()
 	if c.err != nil {
 		err := c.err
@@ -107,7 +111,9 @@ func (c *Client) Subscribe(ctx context.Context, topic string, cursor *frames.Cur
 	}
 	c.mu.Unlock()
 	if cn != nil && err == nil {
-		err = cn.send(ctx, &frames.Subscribe{Op: frames.OpAdd, SID: s.sid, Target: s.target})
+		// Queued, not waited for: the ack (or the connection's end)
+		// answers it.
+		err = cn.postFrame(&frames.Subscribe{Op: frames.OpAdd, SID: s.sid, Target: s.target})
 	}
 	c.unlockSend()
 	if err != nil && !c.opts.Reconnect {
@@ -468,6 +474,10 @@ func (s *Subscription) Drop(ctx context.Context) error {
 	if err := c.lockSend(ctx); err != nil {
 		return err
 	}
+	if err := c.waitSendSpace(ctx); err != nil {
+		c.unlockSend()
+		return err
+	}
 	c.mu.Lock()
 	if c.err == nil && c.subs[s.sid] != s {
 		c.mu.Unlock()
@@ -507,7 +517,9 @@ func (s *Subscription) Drop(ctx context.Context) error {
 		c.unlockSend()
 		return err
 	}
-	err = cn.send(ctx, &frames.Subscribe{Op: frames.OpDrop, SID: s.sid, Target: s.target})
+	// Queued, not waited for: once the waiter is in place the drop must
+	// reach the wire, and its ack (or the connection's end) answers it.
+	err = cn.postFrame(&frames.Subscribe{Op: frames.OpDrop, SID: s.sid, Target: s.target})
 	c.unlockSend()
 	if err != nil && !c.opts.Reconnect {
 		return err // the connection has ended, and with it the Client

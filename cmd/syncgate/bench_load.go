@@ -318,8 +318,8 @@ func (p *benchPub) expect(n int64) {
 // pubRun is what the publish loop did.
 type pubRun struct {
 	start, end time.Time // first and last send
-	sent       int64     // publishes written
-	behind     int64     // publishes due in the window but never written
+	sent       int64     // publishes handed to the client (PublishAsync returned)
+	behind     int64     // publishes due in the window but never handed over
 	err        error     // why publishing stopped early, if it did
 }
 
