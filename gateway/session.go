@@ -334,9 +334,14 @@ func (s *session) enqueue(it outItem) {
 	}
 }
 
+// sendFrameCap is the first buffer size for a frame send encodes: enough
+// for an ack (the frame sent once per mutate), so encoding it allocates
+// once instead of growing the buffer several times.
+const sendFrameCap = 128
+
 // send encodes f and queues it.
 func (s *session) send(f frames.Frame) {
-	b, err := frames.Encode(f)
+	b, err := frames.AppendEncode(make([]byte, 0, sendFrameCap), f)
 	if err != nil {
 		// Only a server bug can make our own frames unencodable.
 		s.log().Error("encode failed", "type", f.FrameType(), "err", err)

@@ -78,6 +78,11 @@ func (q *sendQueue) pressed(items, bytes int) bool {
 	return len(q.items) >= items || q.bytes >= bytes
 }
 
+// keptQueueCap is the largest queue backing array an idle session keeps
+// for its next frames (4 × 56 bytes), so a session that gets a frame now
+// and then does not allocate one per frame.
+const keptQueueCap = 4
+
 // next hands the writer everything queued, taking spare (emptied) as the new
 // backing slice so steady state allocates nothing. When there is nothing to
 // do it marks the writer stopped and returns done; closing reports that the
@@ -89,6 +94,11 @@ func (q *sendQueue) next(spare []outItem) (items []outItem, ping bool, reason cl
 	items, ping, reason = q.items, q.pingDue, q.reason
 	if len(items) == 0 && !ping && reason == reasonNone {
 		q.writing = false
+		if q.items == nil && cap(spare) <= keptQueueCap {
+			// The next push would allocate a backing array: keep the
+			// writer's small one instead.
+			q.items = spare[:0]
+		}
 		return nil, false, reasonNone, true
 	}
 	q.items, q.bytes, q.pingDue = spare[:0], 0, false
