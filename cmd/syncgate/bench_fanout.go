@@ -28,7 +28,7 @@ type fanoutResult struct {
 	PublisherError    string  `json:"publisher_error,omitempty"`
 
 	Delivered     int64       `json:"delivered"`
-	Expected      int64       `json:"expected"` // acked × subs
+	Expected      int64       `json:"expected"` // (acked + unacked) × subs: every publish not refused
 	DeliveredPerS float64     `json:"delivered_per_s"`
 	DeliveryRatio float64     `json:"delivery_ratio"`
 	Lost          int64       `json:"lost"`
@@ -102,7 +102,7 @@ func benchFanout(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		Bench: "fanout", URL: b.url, Subs: subs, Topic: topic, Rate: l.rate, DurS: l.dur.Seconds(), Size: l.size,
 		Subscriber: l.subscriber, Sent: run.sent, Behind: run.behind, OfferedPerS: perSecond(float64(run.sent), run.end.Sub(run.start)),
 		Acked: lr.acked, PublishErrors: lr.pubErrors, FirstPublishError: lr.firstPubError, Unacked: lr.unacked,
-		Delivered: lr.delivered, Expected: lr.acked * int64(subs), Unparsable: lr.bad,
+		Delivered: lr.delivered, Expected: (lr.acked + lr.unacked) * int64(subs), Unparsable: lr.bad,
 		Latency: hist.snapshot().json(), LatencyMethod: histMethod,
 		subsJSON: lr.subsJSON(),
 		cpuJSON:  cpu,

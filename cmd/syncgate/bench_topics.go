@@ -31,7 +31,7 @@ type topicsResult struct {
 	PublisherError    string  `json:"publisher_error,omitempty"`
 
 	Delivered       int64       `json:"delivered"`
-	Expected        int64       `json:"expected"` // = acked: each topic has one subscriber
+	Expected        int64       `json:"expected"` // acked + unacked (every publish not refused): each topic has one subscriber
 	DeliveredPerS   float64     `json:"delivered_per_s"`
 	DeliveryRatio   float64     `json:"delivery_ratio"`
 	Lost            int64       `json:"lost"`
@@ -130,7 +130,7 @@ func benchTopics(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		Bench: "topics", URL: b.url, N: n, Prefix: prefix, Rate: l.rate, DurS: l.dur.Seconds(), Size: l.size,
 		Subscriber: l.subscriber, Sent: run.sent, Behind: run.behind, OfferedPerS: perSecond(float64(run.sent), run.end.Sub(run.start)),
 		Acked: lr.acked, PublishErrors: lr.pubErrors, FirstPublishError: lr.firstPubError, Unacked: lr.unacked,
-		Delivered: lr.delivered, Expected: lr.acked, Unparsable: lr.bad,
+		Delivered: lr.delivered, Expected: lr.acked + lr.unacked, Unparsable: lr.bad,
 		AckLatency: ackHist.snapshot().json(), DeliveryLatency: hist.snapshot().json(), LatencyMethod: histMethod,
 		subsJSON: lr.subsJSON(),
 		cpuJSON:  cpu,
