@@ -71,11 +71,77 @@ const shardPad = 128
 type shardState struct {
 	mu sync.RWMutex
 	// Guarded by mu. A topic has an entry only while it has at least one
-	// subscriber. The slices are mutated in place under the write lock:
+	// subscriber. The entries are mutated in place under the write lock:
 	// readers (Publish) iterate them only while holding the read lock, so
 	// copy-on-write would buy nothing and would cost a full copy per
 	// Subscribe, which is O(N²) garbage when N sessions rejoin a hot topic.
-	topics map[string][]Subscriber
+	topics map[string]*topicSubs
+}
+
+// topicSubs is one topic's subscribers. A small topic is searched by
+// scanning list; past indexAbove subscribers pos indexes it, so joining or
+// leaving a topic of 100,000 subscribers is O(1) rather than a scan of
+// all of them (a drain makes every session of a node rejoin at once).
+type topicSubs struct {
+	list []Subscriber
+	pos  map[Subscriber]int // list index of each subscriber; nil while small
+}
+
+// indexAbove is the subscriber count above which a topic gets its pos
+// index; below indexAbove/2 it is dropped again (the gap keeps a topic
+// that hovers around the threshold from rebuilding it on every change).
+const indexAbove = 32
+
+// find returns s's index in list, or -1.
+func (ts *topicSubs) find(s Subscriber) int {
+	if ts.pos != nil {
+		if i, ok := ts.pos[s]; ok {
+			return i
+		}
+		return -1
+	}
+	for i, x := range ts.list {
+		if x == s {
+			return i
+		}
+	}
+	return -1
+}
+
+// add appends s, which is not in list.
+func (ts *topicSubs) add(s Subscriber) {
+	ts.list = append(ts.list, s)
+	switch {
+	case ts.pos != nil:
+		ts.pos[s] = len(ts.list) - 1
+	case len(ts.list) > indexAbove:
+		ts.pos = make(map[Subscriber]int, 2*len(ts.list))
+		for i, x := range ts.list {
+			ts.pos[x] = i
+		}
+	}
+}
+
+// remove takes out the subscriber at index i. Order among subscribers does
+// not matter: the last one moves into i.
+func (ts *topicSubs) remove(i int) {
+	last := len(ts.list) - 1
+	if ts.pos != nil {
+		delete(ts.pos, ts.list[i])
+		if i != last {
+			ts.pos[ts.list[last]] = i
+		}
+	}
+	ts.list[i] = ts.list[last]
+	ts.list[last] = nil // let the removed subscriber be collected
+	ts.list = ts.list[:last]
+	if ts.pos != nil && len(ts.list) < indexAbove/2 {
+		ts.pos = nil
+	}
+	// Give back the memory of a topic that was hot and has cooled down.
+	if cap(ts.list) > 64 && len(ts.list) < cap(ts.list)/4 {
+		ts.list = append(make([]Subscriber, 0, 2*len(ts.list)), ts.list...)
+	}
 }
 
 // NewHub returns an empty Hub. Close it when done.
@@ -94,7 +160,7 @@ func NewHub(cfg HubConfig) *Hub {
 		shards: make([]shard, n),
 	}
 	for i := range h.shards {
-		h.shards[i].topics = make(map[string][]Subscriber)
+		h.shards[i].topics = make(map[string]*topicSubs)
 	}
 	return h
 }
@@ -120,21 +186,21 @@ func (h *Hub) Publish(ctx context.Context, topic string, data []byte) error {
 	if h.closed.Load() {
 		return net.ErrClosed
 	}
-	subs := sh.topics[topic]
-	if len(subs) == 0 {
+	ts := sh.topics[topic]
+	if ts == nil {
 		return nil
 	}
 	m := &Message{Topic: topic, Data: data, At: h.now()}
-	for _, s := range subs {
+	for _, s := range ts.list {
 		s.Deliver(m)
 	}
 	return nil
 }
 
 // Subscribe adds s to topic's subscribers; subscribing it again is a no-op.
-// It waits for Publish calls in progress on topic's shard, costs O(number
-// of subscribers of topic), and returns ctx.Err() if ctx is already
-// cancelled and [net.ErrClosed] after Close.
+// It waits for Publish calls in progress on topic's shard, costs O(1)
+// (amortised; a scan of at most 32 for a small topic), and returns
+// ctx.Err() if ctx is already cancelled and [net.ErrClosed] after Close.
 func (h *Hub) Subscribe(ctx context.Context, topic string, s Subscriber) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -148,20 +214,21 @@ func (h *Hub) Subscribe(ctx context.Context, topic string, s Subscriber) error {
 	if h.closed.Load() {
 		return net.ErrClosed
 	}
-	subs := sh.topics[topic]
-	for _, x := range subs {
-		if x == s {
-			return nil
-		}
+	ts := sh.topics[topic]
+	if ts == nil {
+		ts = &topicSubs{}
+		sh.topics[topic] = ts
+	} else if ts.find(s) >= 0 {
+		return nil
 	}
-	sh.topics[topic] = append(subs, s)
+	ts.add(s)
 	return nil
 }
 
 // Unsubscribe removes s from topic's subscribers and drops the topic when
 // s was its last one. When it returns, no Deliver to s for topic is running
 // or will start. It waits for Publish calls in progress on topic's shard
-// and costs O(number of subscribers of topic).
+// and costs O(1), as Subscribe.
 //
 // Unsubscribe never fails: an unknown (topic, s) is a no-op and ctx is
 // ignored, because the gateway unsubscribes while tearing down a session
@@ -170,31 +237,19 @@ func (h *Hub) Unsubscribe(_ context.Context, topic string, s Subscriber) error {
 	sh := h.shard(topic)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	subs := sh.topics[topic]
-	i := -1
-	for j, x := range subs {
-		if x == s {
-			i = j
-			break
-		}
+	ts := sh.topics[topic]
+	if ts == nil {
+		return nil
 	}
+	i := ts.find(s)
 	switch {
 	case i < 0:
 		return nil
-	case len(subs) == 1:
+	case len(ts.list) == 1:
 		delete(sh.topics, topic)
 		return nil
 	}
-	// Order among subscribers does not matter: move the last one into i.
-	last := len(subs) - 1
-	subs[i] = subs[last]
-	subs[last] = nil // let s be collected
-	subs = subs[:last]
-	// Give back the memory of a topic that was hot and has cooled down.
-	if cap(subs) > 64 && len(subs) < cap(subs)/4 {
-		subs = append(make([]Subscriber, 0, 2*len(subs)), subs...)
-	}
-	sh.topics[topic] = subs
+	ts.remove(i)
 	return nil
 }
 
@@ -216,7 +271,10 @@ func (h *Hub) Subscribers(topic string) int {
 	sh := h.shard(topic)
 	sh.mu.RLock()
 	defer sh.mu.RUnlock()
-	return len(sh.topics[topic])
+	if ts := sh.topics[topic]; ts != nil {
+		return len(ts.list)
+	}
+	return 0
 }
 
 // Close drops every subscription. After it returns no Deliver is running

@@ -340,3 +340,61 @@ func ExampleHub() {
 type printSub struct{ name string }
 
 func (s *printSub) Deliver(m *fanout.Message) { fmt.Println(s.name, "got", m.Topic, string(m.Data)) }
+
+// TestHub_SubscribersModel drives one topic through random joins, repeated
+// joins and leaves across the size where its index is built and dropped,
+// and checks it against a plain set: the count after every step, and
+// after every 50th, that a publish reaches each member exactly once and
+// nobody else.
+func TestHub_SubscribersModel(t *testing.T) {
+	t.Parallel()
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, seed))
+	h := newHub(t, fanout.HubConfig{})
+	ctx := t.Context()
+	pool := make([]*lastSub, 120)
+	for i := range pool {
+		pool[i] = &lastSub{}
+	}
+	in := make(map[*lastSub]bool)
+	for step := range 20000 {
+		s := pool[rng.IntN(len(pool))]
+		// Drift the size up and down so it crosses the index threshold
+		// both ways many times.
+		join := rng.IntN(100) < 50+40*int(step/2000%2)-20
+		if join {
+			if err := h.Subscribe(ctx, "t", s); err != nil {
+				t.Fatal(err)
+			}
+			in[s] = true
+		} else {
+			if err := h.Unsubscribe(ctx, "t", s); err != nil {
+				t.Fatal(err)
+			}
+			delete(in, s)
+		}
+		if got := h.Subscribers("t"); got != len(in) {
+			t.Fatalf("step %d: Subscribers = %d, want %d", step, got, len(in))
+		}
+		if step%50 != 0 {
+			continue
+		}
+		before := make([]int, len(pool))
+		for i, p := range pool {
+			before[i] = p.n
+		}
+		if err := h.Publish(ctx, "t", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		for i, p := range pool {
+			want := before[i]
+			if in[p] {
+				want++
+			}
+			if p.n != want {
+				t.Fatalf("step %d: subscriber %d (member %v) got %d deliveries, want %d", step, i, in[p], p.n-before[i], want-before[i])
+			}
+		}
+	}
+}
