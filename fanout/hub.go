@@ -108,18 +108,22 @@ func (ts *topicSubs) find(s Subscriber) int {
 	return -1
 }
 
-// add appends s, which is not in list.
+// add appends s, which is not in list. The index is updated first: a
+// Subscriber whose dynamic type cannot be a map key (the Transport
+// contract asks for pointers) then panics before anything has changed.
 func (ts *topicSubs) add(s Subscriber) {
-	ts.list = append(ts.list, s)
 	switch {
 	case ts.pos != nil:
-		ts.pos[s] = len(ts.list) - 1
-	case len(ts.list) > indexAbove:
-		ts.pos = make(map[Subscriber]int, 2*len(ts.list))
+		ts.pos[s] = len(ts.list)
+	case len(ts.list)+1 > indexAbove:
+		pos := make(map[Subscriber]int, 2*(len(ts.list)+1))
 		for i, x := range ts.list {
-			ts.pos[x] = i
+			pos[x] = i
 		}
+		pos[s] = len(ts.list)
+		ts.pos = pos
 	}
+	ts.list = append(ts.list, s)
 }
 
 // remove takes out the subscriber at index i. Order among subscribers does
@@ -138,9 +142,17 @@ func (ts *topicSubs) remove(i int) {
 	if ts.pos != nil && len(ts.list) < indexAbove/2 {
 		ts.pos = nil
 	}
-	// Give back the memory of a topic that was hot and has cooled down.
+	// Give back the memory of a topic that was hot and has cooled down
+	// (a map does not shrink as entries are deleted: rebuild it too).
 	if cap(ts.list) > 64 && len(ts.list) < cap(ts.list)/4 {
 		ts.list = append(make([]Subscriber, 0, 2*len(ts.list)), ts.list...)
+		if ts.pos != nil {
+			pos := make(map[Subscriber]int, 2*len(ts.list))
+			for i, x := range ts.list {
+				pos[x] = i
+			}
+			ts.pos = pos
+		}
 	}
 }
 

@@ -342,10 +342,13 @@ type printSub struct{ name string }
 func (s *printSub) Deliver(m *fanout.Message) { fmt.Println(s.name, "got", m.Topic, string(m.Data)) }
 
 // TestHub_SubscribersModel drives one topic through random joins, repeated
-// joins and leaves across the size where its index is built and dropped,
-// and checks it against a plain set: the count after every step, and
-// after every 50th, that a publish reaches each member exactly once and
-// nobody else.
+// joins and leaves across the size where its index is built and dropped
+// (2,000 steps at 10% joins, then 2,000 at 80%, and so on), and checks it
+// against a plain set: the count and the index's agreement with the list
+// after every step, and after every 50th, that a publish reaches each
+// member exactly once and nobody else. It also counts how often the index
+// was built and dropped, so a change of thresholds cannot quietly leave
+// either path untested.
 func TestHub_SubscribersModel(t *testing.T) {
 	t.Parallel()
 	seed := rand.Uint64()
@@ -358,11 +361,13 @@ func TestHub_SubscribersModel(t *testing.T) {
 		pool[i] = &lastSub{}
 	}
 	in := make(map[*lastSub]bool)
+	builds, drops := 0, 0
+	indexed := false
 	for step := range 20000 {
 		s := pool[rng.IntN(len(pool))]
 		// Drift the size up and down so it crosses the index threshold
 		// both ways many times.
-		join := rng.IntN(100) < 50+40*int(step/2000%2)-20
+		join := rng.IntN(100) < 10+70*int(step/2000%2)
 		if join {
 			if err := h.Subscribe(ctx, "t", s); err != nil {
 				t.Fatal(err)
@@ -377,6 +382,16 @@ func TestHub_SubscribersModel(t *testing.T) {
 		if got := h.Subscribers("t"); got != len(in) {
 			t.Fatalf("step %d: Subscribers = %d, want %d", step, got, len(in))
 		}
+		if err := fanout.CheckIndex(h, "t"); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		switch now := fanout.Indexed(h, "t"); {
+		case now && !indexed:
+			builds++
+		case !now && indexed:
+			drops++
+		}
+		indexed = fanout.Indexed(h, "t")
 		if step%50 != 0 {
 			continue
 		}
@@ -396,5 +411,8 @@ func TestHub_SubscribersModel(t *testing.T) {
 				t.Fatalf("step %d: subscriber %d (member %v) got %d deliveries, want %d", step, i, in[p], p.n-before[i], want-before[i])
 			}
 		}
+	}
+	if builds < 3 || drops < 3 {
+		t.Fatalf("the index was built %d and dropped %d times; the walk must cross both thresholds several times", builds, drops)
 	}
 }

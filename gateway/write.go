@@ -79,8 +79,7 @@ func (q *sendQueue) pressed(items, bytes int) bool {
 }
 
 // keptQueueCap is the largest queue backing array an idle session keeps
-// for its next frames (4 × 56 bytes), so a session that gets a frame now
-// and then does not allocate one per frame.
+// for its next frames (4 × 64 bytes).
 const keptQueueCap = 4
 
 // next hands the writer everything queued, taking spare (emptied) as the new
@@ -94,10 +93,15 @@ func (q *sendQueue) next(spare []outItem) (items []outItem, ping bool, reason cl
 	items, ping, reason = q.items, q.pingDue, q.reason
 	if len(items) == 0 && !ping && reason == reasonNone {
 		q.writing = false
-		if q.items == nil && cap(spare) <= keptQueueCap {
-			// The next push would allocate a backing array: keep the
-			// writer's small one instead.
+		// An idle session keeps a small backing array for its next
+		// frames (so one that gets a frame now and then does not
+		// allocate one per frame) and lets a big one go.
+		switch {
+		case cap(q.items) > 0 && cap(q.items) <= keptQueueCap:
+		case cap(spare) > 0 && cap(spare) <= keptQueueCap:
 			q.items = spare[:0]
+		default:
+			q.items = nil
 		}
 		return nil, false, reasonNone, true
 	}
@@ -179,6 +183,7 @@ func (s *session) writeLoop(ctx context.Context) {
 			// written, not even a ping; the next round closes.
 			s.log().Debug("write failed", "err", err)
 			s.closeWith(reasonWriteError)
+			batch = nil // items may be the queue's array again by the next round
 			continue
 		}
 		if ping {

@@ -28,7 +28,7 @@ type fanoutResult struct {
 	PublisherError    string  `json:"publisher_error,omitempty"`
 
 	Delivered     int64       `json:"delivered"`
-	Expected      int64       `json:"expected"` // (acked + unacked) × subs: every publish not refused
+	Expected      int64       `json:"expected"` // (acked + unacked) × subs: every publish without an error
 	DeliveredPerS float64     `json:"delivered_per_s"`
 	DeliveryRatio float64     `json:"delivery_ratio"`
 	Lost          int64       `json:"lost"`
@@ -131,6 +131,9 @@ func benchFanout(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	fmt.Fprintf(stdout, "  delivered  %d of %d (ratio %.4f, %d lost), %.0f deliveries/s, last %.3fs after publishing\n",
 		r.Delivered, r.Expected, r.DeliveryRatio, r.Lost, r.DeliveredPerS, r.DrainS)
+	if r.Unacked > 0 {
+		fmt.Fprintf(stdout, "             %d publishes unacked when the wait ended: their deliveries were not waited for either (raise -wait)\n", r.Unacked)
+	}
 	fmt.Fprintf(stdout, "  latency    %s (%d samples)\n", r.Latency, r.Latency.Count)
 	fmt.Fprintf(stdout, "  %s\n", r.cpuJSON)
 	r.subsJSON.print(stdout, r.Subscriber)

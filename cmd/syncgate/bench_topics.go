@@ -31,7 +31,7 @@ type topicsResult struct {
 	PublisherError    string  `json:"publisher_error,omitempty"`
 
 	Delivered       int64       `json:"delivered"`
-	Expected        int64       `json:"expected"` // acked + unacked (every publish not refused): each topic has one subscriber
+	Expected        int64       `json:"expected"` // acked + unacked (every publish without an error): each topic has one subscriber
 	DeliveredPerS   float64     `json:"delivered_per_s"`
 	DeliveryRatio   float64     `json:"delivery_ratio"`
 	Lost            int64       `json:"lost"`
@@ -161,6 +161,9 @@ func benchTopics(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	fmt.Fprintf(stdout, "  delivered  %d of %d (ratio %.4f, %d lost), %.1f/s, last %.3fs after publishing\n",
 		r.Delivered, r.Expected, r.DeliveryRatio, r.Lost, r.DeliveredPerS, r.DrainS)
+	if r.Unacked > 0 {
+		fmt.Fprintf(stdout, "             %d publishes unacked when the wait ended: their deliveries were not waited for either (raise -wait)\n", r.Unacked)
+	}
 	fmt.Fprintf(stdout, "  ack        %s\n", r.AckLatency)
 	fmt.Fprintf(stdout, "  delivery   %s\n", r.DeliveryLatency)
 	fmt.Fprintf(stdout, "  %s\n", r.cpuJSON)
