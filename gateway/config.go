@@ -131,8 +131,18 @@ type Config struct {
 	CPUTime func() time.Duration
 
 	// MaxWriteDelay bounds the wait pacing adds before a session's next
-	// write. Zero means 50ms; negative turns pacing off.
+	// write, except while the node is overloaded (see SchedWaits), when
+	// the bound is twice this. Zero means 50ms; negative turns pacing off.
 	MaxWriteDelay time.Duration
+
+	// SchedWaits returns how many goroutine scheduling waits (a runnable
+	// goroutine waiting for a core) have been sampled so far, and how
+	// many of them were longer than 1 ms. When over a quarter of a pacing
+	// tick's waits are long, the node is overloaded: it paces as when
+	// busy, and the delay may grow to twice MaxWriteDelay, so that the
+	// backlog turns into fewer, larger writes rather than into seconds of
+	// latency. Nil means the Go runtime's /sched/latencies:seconds.
+	SchedWaits func() (long, total uint64)
 
 	// MaxSubscriptions caps active subscriptions per session.
 	// Zero means 128.
@@ -261,6 +271,9 @@ func (c Config) withDefaults() (Config, error) {
 		c.CPUTime = processCPU
 	}
 	setDefault(&c.MaxWriteDelay, 50*time.Millisecond)
+	if c.SchedWaits == nil {
+		c.SchedWaits = runtimeSchedWaits
+	}
 	setDefault(&c.ProducerWindow, 256)
 	setDefault(&c.ProducerIdle, 24*time.Hour)
 	setDefault(&c.MaxProducers, 100000)

@@ -65,6 +65,7 @@ type metrics struct {
 	deliveryLatency   prometheus.Histogram
 	publishes         prometheus.Counter
 	writeDelay        prometheus.Gauge
+	overloadTicks     prometheus.Counter
 	tailers           prometheus.Gauge
 	resumes           map[string]prometheus.Counter
 	replayed          prometheus.Counter
@@ -115,6 +116,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		}),
 		publishes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "syncgate_publishes_total", Help: "Messages published (each encoded once).",
+		}),
+		overloadTicks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "syncgate_overload_ticks_total", Help: "Pacing ticks (50 ms each) in which over a quarter of the Go scheduler's waits exceeded 1 ms: the node was overloaded, and pacing's delay could grow to twice max-write-delay.",
 		}),
 		writeDelay: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "syncgate_write_delay_seconds", Help: "Current pacing delay between a busy session's writes (0 while under the write budget).",
@@ -174,7 +178,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		m.closes[r] = closes.WithLabelValues(r.String())
 	}
 	reg.MustRegister(m.sessions, m.accepted, rejected, m.draining, framesIn, framesOut, m.badFrames, m.framesRateLimited,
-		m.errorsByCode, m.bytesIn, m.bytesOut, m.messagesOut, drops, closes, m.deliveryLatency, m.publishes, m.writeDelay,
+		m.errorsByCode, m.bytesIn, m.bytesOut, m.messagesOut, drops, closes, m.deliveryLatency, m.publishes, m.writeDelay, m.overloadTicks,
 		m.tailers, m.replayed, resumes, m.tokenRefreshes)
 	reg.MustRegister(m.presenceDiffs, m.presenceRejoins)
 	return m

@@ -19,32 +19,114 @@ func TestPacer_Adjust(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := newPacer(cfg, nil, g)
-	p.adjust(500, 0.1)
+	p.adjust(500, 0.1, false)
 	if p.delay() != 0 {
 		t.Fatalf("idle: delay %v", p.delay())
 	}
-	p.adjust(2000, 0.1) // over the write budget
+	p.adjust(2000, 0.1, false) // over the write budget
 	if p.delay() != pacerMinDelay {
 		t.Fatalf("first busy tick: delay %v, want %v", p.delay(), pacerMinDelay)
 	}
-	p.adjust(100, 0.9) // CPU over its share
+	p.adjust(100, 0.9, false) // CPU over its share
 	if want := pacerMinDelay * 3 / 2; p.delay() != want {
 		t.Fatalf("second busy tick: delay %v, want %v", p.delay(), want)
 	}
 	for range 30 {
-		p.adjust(100, 0.9)
+		p.adjust(100, 0.9, false)
 	}
 	if p.delay() != 50*time.Millisecond || g.v != 0.05 {
 		t.Fatalf("bound: delay %v gauge %v", p.delay(), g.v)
 	}
-	p.adjust(100, 0.4) // between idle and busy: hold
+	p.adjust(100, 0.4, false) // between idle and busy: hold
 	if p.delay() != 50*time.Millisecond {
 		t.Fatalf("hold: delay %v", p.delay())
 	}
 	for range 10 {
-		p.adjust(100, 0.1)
+		p.adjust(100, 0.1, false)
 	}
 	if p.delay() != 0 || g.v != 0 {
 		t.Fatalf("idle again: delay %v gauge %v", p.delay(), g.v)
+	}
+}
+
+// TestPacer_Overload: an overloaded node paces even with its own CPU and
+// write rate low, its delay may grow to twice MaxWriteDelay, and after the
+// overload it eases back to MaxWriteDelay (not to zero) while busy.
+func TestPacer_Overload(t *testing.T) {
+	g := &gaugeRecorder{}
+	cfg, err := Config{WriteBudget: 1000, PaceCPU: 0.5, MaxWriteDelay: 50 * time.Millisecond}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newPacer(cfg, nil, g)
+	p.adjust(100, 0.1, true) // low CPU and rate, but overloaded
+	if p.delay() != pacerMinDelay {
+		t.Fatalf("first overloaded tick: delay %v, want %v", p.delay(), pacerMinDelay)
+	}
+	for range 40 {
+		p.adjust(100, 0.9, true)
+	}
+	if p.delay() != 100*time.Millisecond || g.v != 0.1 {
+		t.Fatalf("overload bound: delay %v gauge %v, want 100ms", p.delay(), g.v)
+	}
+	p.adjust(100, 0.9, false) // still busy, no longer overloaded
+	if want := 75 * time.Millisecond; p.delay() != want {
+		t.Fatalf("easing back: delay %v, want %v", p.delay(), want)
+	}
+	for range 10 {
+		p.adjust(100, 0.9, false)
+	}
+	if p.delay() != 50*time.Millisecond {
+		t.Fatalf("after the overload: delay %v, want the normal bound 50ms", p.delay())
+	}
+}
+
+// TestPacer_Overloaded: the moving average of the long-wait share decides:
+// a bad tick or two is not an overload, a run of them is, a tick with too few
+// waits does not move it, and it falls back once the waits are short.
+func TestPacer_Overloaded(t *testing.T) {
+	cfg, err := Config{}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newPacer(cfg, nil, &gaugeRecorder{})
+	for i := range 2 {
+		if p.overloaded(900, 1000) {
+			t.Fatalf("%d ticks at 90%% made an overload", i+1)
+		}
+	}
+	if !p.overloaded(900, 1000) {
+		t.Fatalf("three ticks at 90%% (average %.2f) did not", p.waitShare)
+	}
+	before := p.waitShare
+	p.overloaded(0, minWaits-1)
+	if p.waitShare != before {
+		t.Fatalf("a tick of %d waits moved the average from %.2f to %.2f", minWaits-1, before, p.waitShare)
+	}
+	for range 4 {
+		p.overloaded(200, 1000) // 20%, as the lighter benchmarks
+	}
+	if p.overloaded(200, 1000) {
+		t.Fatalf("still overloaded after five ticks at 20%% (average %.2f)", p.waitShare)
+	}
+}
+
+// TestRuntimeSchedWaits reads the real runtime metric: goroutines that
+// wait for each other must leave samples, never more long than total.
+func TestRuntimeSchedWaits(t *testing.T) {
+	_, before := runtimeSchedWaits()
+	done := make(chan struct{})
+	for range 1000 {
+		go func() { done <- struct{}{} }()
+	}
+	for range 1000 {
+		<-done
+	}
+	long, total := runtimeSchedWaits()
+	if total <= before {
+		t.Fatalf("no scheduling waits sampled: total %d, before %d", total, before)
+	}
+	if long > total {
+		t.Fatalf("long %d > total %d", long, total)
 	}
 }

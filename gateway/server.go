@@ -116,6 +116,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.metrics = newMetrics(reg)
 	s.pacer = newPacer(cfg, s.stopSweep, s.metrics.writeDelay)
+	s.pacer.overloads = s.metrics.overloadTicks
 	preg := cfg.Presence
 	if preg == nil {
 		if preg, err = newPresenceRegistry(cfg); err != nil {
