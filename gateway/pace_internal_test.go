@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -130,3 +132,64 @@ func TestRuntimeSchedWaits(t *testing.T) {
 		t.Fatalf("long %d > total %d", long, total)
 	}
 }
+
+// TestPacer_RunOverload runs the pacer's loop with injected clocks: the
+// node's own CPU and write rate stay at zero, but the scheduler reports
+// 90% of its waits as long, so the delay must climb to twice
+// MaxWriteDelay; once the waits are short again it must come back down.
+func TestPacer_RunOverload(t *testing.T) {
+	var long, total atomic.Uint64
+	share := atomic.Int64{} // percent of each tick's waits that are long
+	share.Store(90)
+	g := &syncGauge{}
+	cfg, err := Config{
+		MaxWriteDelay: 4 * time.Millisecond,
+		CPUTime:       func() time.Duration { return 0 },
+		SchedWaits: func() (uint64, uint64) {
+			// Each read adds a tick's worth of waits.
+			long.Add(uint64(10 * share.Load()))
+			return long.Load(), total.Add(1000)
+		},
+	}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	p := newPacer(cfg, stop, g)
+	ticks := &countInc{}
+	p.overloads = ticks
+	done := make(chan struct{})
+	go func() { defer close(done); p.run() }()
+	defer func() { close(stop); <-done }()
+
+	waitDelay := func(want time.Duration) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for p.delay() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("delay %v, want %v within 10s", p.delay(), want)
+			}
+			time.Sleep(pacerTick / 5) // polling the pacer with a deadline
+		}
+	}
+	waitDelay(8 * time.Millisecond)
+	if ticks.n.Load() == 0 {
+		t.Fatal("no overloaded tick counted")
+	}
+	share.Store(0)
+	waitDelay(0) // not overloaded, not busy, clearly idle: back to none
+	if g.get() != 0 {
+		t.Fatalf("gauge %v after the overload, want 0", g.get())
+	}
+}
+
+// syncGauge is a gauge safe to read while the pacer's loop sets it.
+type syncGauge struct{ v atomic.Uint64 }
+
+func (g *syncGauge) Set(v float64) { g.v.Store(math.Float64bits(v)) }
+func (g *syncGauge) get() float64  { return math.Float64frombits(g.v.Load()) }
+
+// countInc counts Inc calls.
+type countInc struct{ n atomic.Int64 }
+
+func (c *countInc) Inc() { c.n.Add(1) }
