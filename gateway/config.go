@@ -136,12 +136,14 @@ type Config struct {
 	MaxWriteDelay time.Duration
 
 	// SchedWaits returns how many goroutine scheduling waits (a runnable
-	// goroutine waiting for a core) have been sampled so far, and how
-	// many of them were longer than 1 ms. When over a quarter of a pacing
-	// tick's waits are long, the node is overloaded: it paces as when
-	// busy, and the delay may grow to twice MaxWriteDelay, so that the
-	// backlog turns into fewer, larger writes rather than into seconds of
-	// latency. Nil means the Go runtime's /sched/latencies:seconds.
+	// goroutine waiting for a core) have been sampled since the process
+	// started, and how many of them took about 1 ms or more: running
+	// totals that never decrease. When the share of long waits, as a
+	// moving average over a few 50 ms pacing ticks, exceeds 40%, the node
+	// is overloaded: it paces as when busy, and the delay may grow to
+	// twice MaxWriteDelay, so that the backlog turns into fewer, larger
+	// writes rather than into seconds of latency. Nil means the Go
+	// runtime's /sched/latencies:seconds.
 	SchedWaits func() (long, total uint64)
 
 	// MaxSubscriptions caps active subscriptions per session.

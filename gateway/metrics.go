@@ -118,7 +118,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name: "syncgate_publishes_total", Help: "Messages published (each encoded once).",
 		}),
 		overloadTicks: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "syncgate_overload_ticks_total", Help: "Pacing ticks (50 ms each) in which over a quarter of the Go scheduler's waits exceeded 1 ms: the node was overloaded, and pacing's delay could grow to twice max-write-delay.",
+			Name: "syncgate_overload_ticks_total", Help: "Pacing ticks (50 ms each) in which the node was overloaded: the moving average over a few ticks of the share of Go scheduler waits of about 1 ms or more exceeded 40%, and pacing's delay could grow to twice max-write-delay.",
 		}),
 		writeDelay: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "syncgate_write_delay_seconds", Help: "Current pacing delay between a busy session's writes (0 while under the write budget).",

@@ -24,19 +24,20 @@ import (
 // second. While busy the delay grows by half each pacerTick (starting at
 // pacerMinDelay); while clearly idle (CPU under 60% of PaceCPU and the rate
 // under half the budget) it halves; in between it holds. It stays within
-// [0, MaxWriteDelay].
+// [0, MaxWriteDelay] (2×MaxWriteDelay while overloaded).
 //
 // Overload is a stronger state, seen from the Go scheduler rather than
-// from the node's own CPU: the share of scheduling waits longer than 1 ms
-// (runnable goroutines queueing for the cores: writers readied faster
-// than they run, or other processes taking the cores), averaged over the
-// last few ticks, above 40%. Then the node counts as busy whatever its CPU
-// and rate, and the delay may grow to twice MaxWriteDelay; once the
-// overload ends it eases back to MaxWriteDelay by a quarter per tick. On
-// the benchmark machine, 5,000 subscribers × 100 msg/s (500,000
-// deliveries a second on 2 cores) had a median tick share of 51% and a
-// p99 of seconds at the 50 ms bound; 1,000 × 1,000 and the topics run had
-// medians of 24% and 21% (docs/benchmarks.md).
+// from the node's own CPU: the share of scheduling waits of about a
+// millisecond or more (runnable goroutines queueing for the cores:
+// writers readied faster than they run, or other processes taking the
+// cores), averaged over the last few ticks, above 40%. Then the node
+// counts as busy whatever its CPU and rate, and the delay may grow to
+// twice MaxWriteDelay; once the overload ends it eases back to
+// MaxWriteDelay by a quarter per tick. On the benchmark machine, 5,000
+// subscribers × 100 msg/s (500,000 deliveries a second on 2 cores) had a
+// median tick share of 51% (quartiles 35-67%) and a p99 of seconds at the
+// 50 ms bound; 1,000 × 1,000 had 24% (13-41%, so it is sometimes judged
+// overloaded too) and the topics run 21% (11-34%) (docs/benchmarks.md).
 type pacer struct {
 	budget     float64 // writes per second
 	cpuShare   float64 // busy above this share of the cores
@@ -107,7 +108,10 @@ func (p *pacer) run() {
 			if wall <= 0 {
 				continue
 			}
-			over := p.overloaded(long-lastLong, total-lastTotal)
+			var over bool
+			if long >= lastLong && total >= lastTotal && total-lastTotal >= long-lastLong {
+				over = p.overloaded(long-lastLong, total-lastTotal)
+			} // else counters that went backwards: judge nothing this tick
 			if over && p.overloads != nil {
 				p.overloads.Inc()
 			}
@@ -120,30 +124,38 @@ func (p *pacer) run() {
 
 // overloaded folds a tick with total scheduling waits, long of them over
 // longWait, into the moving average and reports whether it shows the node
-// overloaded. A tick with too few waits to judge leaves the average as it
-// is.
+// overloaded. A tick with fewer than minWaits waits counts the missing
+// ones as short: the runtime samples about one wait in eight, so a quiet
+// node reports almost none, and its average must still fall.
 func (p *pacer) overloaded(long, total uint64) bool {
-	if total >= minWaits {
-		p.waitShare += shareWeight * (float64(long)/float64(total) - p.waitShare)
-	}
+	share := float64(long) / float64(max(total, minWaits))
+	p.waitShare += shareWeight * (share - p.waitShare)
 	return p.waitShare > overloadShare
 }
 
 // schedLatencies is the runtime metric runtimeSchedWaits reads.
 const schedLatencies = "/sched/latencies:seconds"
 
-// runtimeSchedWaits counts the Go runtime's sampled scheduling waits, and
-// those in buckets starting at longWait or later.
+// runtimeSchedWaits counts the Go runtime's sampled scheduling waits since
+// the process started, and those of longWait or more (see countWaits).
 func runtimeSchedWaits() (long, total uint64) {
 	s := []rtmetrics.Sample{{Name: schedLatencies}}
 	rtmetrics.Read(s)
 	if s[0].Value.Kind() != rtmetrics.KindFloat64Histogram {
 		return 0, 0 // not offered by this runtime: never overloaded
 	}
-	h := s[0].Value.Float64Histogram()
+	return countWaits(s[0].Value.Float64Histogram(), longWait.Seconds())
+}
+
+// countWaits sums h's counts, and those of the buckets that start at min
+// seconds or later. Bucket i holds [Buckets[i], Buckets[i+1]); the bucket
+// that straddles min is not counted as long, so with the runtime's
+// boundaries "long" starts at the first boundary at or above min (1.048576
+// ms for 1 ms).
+func countWaits(h *rtmetrics.Float64Histogram, min float64) (long, total uint64) {
 	for i, n := range h.Counts {
 		total += n
-		if h.Buckets[i] >= longWait.Seconds() {
+		if h.Buckets[i] >= min {
 			long += n
 		}
 	}

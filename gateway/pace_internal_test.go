@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"math"
+	rtmetrics "runtime/metrics"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -100,16 +101,44 @@ func TestPacer_Overloaded(t *testing.T) {
 	if !p.overloaded(900, 1000) {
 		t.Fatalf("three ticks at 90%% (average %.2f) did not", p.waitShare)
 	}
-	before := p.waitShare
-	p.overloaded(0, minWaits-1)
-	if p.waitShare != before {
-		t.Fatalf("a tick of %d waits moved the average from %.2f to %.2f", minWaits-1, before, p.waitShare)
-	}
 	for range 4 {
 		p.overloaded(200, 1000) // 20%, as the lighter benchmarks
 	}
 	if p.overloaded(200, 1000) {
 		t.Fatalf("still overloaded after five ticks at 20%% (average %.2f)", p.waitShare)
+	}
+	// A quiet node reports almost no waits: the missing ones count as
+	// short, so the average falls instead of freezing.
+	for range 3 {
+		p.overloaded(900, 1000)
+	}
+	for range 5 {
+		p.overloaded(5, 5) // all long, but only 5 of minWaits
+	}
+	if p.overloaded(0, 0) {
+		t.Fatalf("still overloaded after six quiet ticks (average %.2f)", p.waitShare)
+	}
+}
+
+// TestCountWaits checks which buckets count as long: those starting at
+// the bound or later; not the one straddling it, nor the -Inf one.
+func TestCountWaits(t *testing.T) {
+	inf := math.Inf(1)
+	h := &rtmetrics.Float64Histogram{
+		Counts:  []uint64{1, 2, 4, 8, 16},
+		Buckets: []float64{-inf, 0.0005, 0.0009, 0.0010, 0.0020, inf},
+	}
+	// [−Inf,0.5ms) [0.5,0.9ms) [0.9,1.0ms) [1.0,2.0ms) [2.0ms,+Inf)
+	long, total := countWaits(h, 0.001)
+	if long != 8+16 || total != 31 {
+		t.Fatalf("countWaits(1ms) = %d, %d; want 24, 31", long, total)
+	}
+	long, _ = countWaits(h, 0.00095) // inside [0.9,1.0ms): that bucket is short
+	if long != 8+16 {
+		t.Fatalf("countWaits(0.95ms) long = %d, want 24", long)
+	}
+	if long, total := countWaits(&rtmetrics.Float64Histogram{Buckets: []float64{-inf}}, 0.001); long != 0 || total != 0 {
+		t.Fatalf("empty histogram: %d, %d", long, total)
 	}
 }
 
@@ -141,12 +170,20 @@ func TestPacer_RunOverload(t *testing.T) {
 	var long, total atomic.Uint64
 	share := atomic.Int64{} // percent of each tick's waits that are long
 	share.Store(90)
+	var sparse atomic.Bool
+	var reads atomic.Int64
 	g := &syncGauge{}
 	cfg, err := Config{
 		MaxWriteDelay: 4 * time.Millisecond,
 		CPUTime:       func() time.Duration { return 0 },
 		SchedWaits: func() (uint64, uint64) {
-			// Each read adds a tick's worth of waits.
+			reads.Add(1)
+			// Each read adds a tick's worth of waits: 1,000 at 90%
+			// long, or, once sparse, 5 (all long).
+			if sparse.Load() {
+				long.Add(5)
+				return long.Load(), total.Add(5)
+			}
 			long.Add(uint64(10 * share.Load()))
 			return long.Load(), total.Add(1000)
 		},
@@ -176,10 +213,23 @@ func TestPacer_RunOverload(t *testing.T) {
 	if ticks.n.Load() == 0 {
 		t.Fatal("no overloaded tick counted")
 	}
-	share.Store(0)
+	// The load stops: almost no waits are sampled any more. The pacer
+	// must not stay overloaded on its last average.
+	sparse.Store(true)
 	waitDelay(0) // not overloaded, not busy, clearly idle: back to none
 	if g.get() != 0 {
 		t.Fatalf("gauge %v after the overload, want 0", g.get())
+	}
+	n, r := ticks.n.Load(), reads.Load()
+	deadline := time.Now().Add(10 * time.Second)
+	for reads.Load() < r+5 { // five more ticks (each reads SchedWaits once)
+		if time.Now().After(deadline) {
+			t.Fatal("the pacer stopped ticking")
+		}
+		time.Sleep(pacerTick / 5) // polling the tick count with a deadline
+	}
+	if m := ticks.n.Load(); m != n {
+		t.Fatalf("%d more overloaded ticks on a quiet node", m-n)
 	}
 }
 
