@@ -192,10 +192,12 @@ func TestGateway_BroadcastEncodesOnce(t *testing.T) {
 
 // TestGateway_PingTimeoutCloses4002: a client that stops reading (so never
 // answers a ping) is closed with 4002 once the pong is late; a client that
-// reads (and so answers) stays.
+// reads (and so answers) stays. The pong timeout leaves the live client
+// half a second per ping: with 100 ms, a fresh-clone CI run (the whole
+// package in parallel under -race on 2 cores) once saw its pong late.
 func TestGateway_PingTimeoutCloses4002(t *testing.T) {
 	t.Parallel()
-	srv := newTestServer(t, gateway.Config{PingInterval: 50 * time.Millisecond, PongTimeout: 100 * time.Millisecond})
+	srv := newTestServer(t, gateway.Config{PingInterval: 50 * time.Millisecond, PongTimeout: 500 * time.Millisecond})
 	live := gwtest.Dial(t, srv.url, nil)
 	live.Hello("", 0)
 	mute := gwtest.Dial(t, srv.url, nil)

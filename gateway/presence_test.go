@@ -345,7 +345,9 @@ func TestPresence_TTL(t *testing.T) {
 // close frame leaves within the ping timeout.
 func TestPresence_CutConnection(t *testing.T) {
 	t.Parallel()
-	cfg := fastPresence(gateway.Config{PingInterval: 100 * time.Millisecond, PongTimeout: 100 * time.Millisecond})
+	// The observer answers pings too: a 100 ms pong timeout is too tight
+	// for it under -race with the package's tests in parallel on 2 cores.
+	cfg := fastPresence(gateway.Config{PingInterval: 100 * time.Millisecond, PongTimeout: 500 * time.Millisecond})
 	srv := newTestServer(t, cfg)
 	o := gwtest.Dial(t, srv.url, nil)
 	o.Hello("observer", 0)
