@@ -5,6 +5,7 @@ import (
 	"crypto/rsa"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -219,6 +220,12 @@ func (v *Verifier) Verify(token string) (*Identity, error) {
 	if len(token) > v.maxBytes {
 		return nil, fmt.Errorf("%w: %d bytes, over the limit of %d", ErrTooLarge, len(token), v.maxBytes)
 	}
+	if i := strings.IndexFunc(token, notCompactJWS); i >= 0 {
+		// Go's base64 decoder skips '\r' and '\n', so without this a
+		// token with line breaks in it would verify as the same token
+		// written differently.
+		return nil, fmt.Errorf("%w: byte %d is neither base64url nor a segment separator", ErrMalformed, i)
+	}
 	var c Claims
 	t, err := v.parser.ParseWithClaims(token, &c, v.keyfunc)
 	if err != nil {
@@ -238,6 +245,16 @@ func (v *Verifier) Verify(token string) (*Identity, error) {
 		return nil, err
 	}
 	return &Identity{ActorID: c.Subject, Expires: c.ExpiresAt.Time, Grants: g}, nil
+}
+
+// notCompactJWS reports whether r cannot appear in a compact JWS: the
+// base64url alphabet (RFC 4648 §5, no padding) and the '.' separators.
+func notCompactJWS(r rune) bool {
+	switch {
+	case 'A' <= r && r <= 'Z', 'a' <= r && r <= 'z', '0' <= r && r <= '9', r == '-', r == '_', r == '.':
+		return false
+	}
+	return true
 }
 
 // keyfunc hands the parser the keys that may verify t: the secret for
