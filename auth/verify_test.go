@@ -120,14 +120,18 @@ func TestVerifier_Verify_table(t *testing.T) {
 		{"signed with another secret", full, sign(t, jwt.SigningMethodHS256, bytes.Repeat([]byte("k"), 32), "", claims()), ErrBadSignature},
 		{"signed with another RSA key", full, sign(t, jwt.SigningMethodRS256, rsaKeys()[1], "", claims()), ErrBadSignature},
 		{"non-canonical base64 signature", full, nonCanonical, ErrMalformed},
-		// Go's base64 decoder skips line breaks: each of these would
-		// verify as the valid token written differently.
+		// Go's base64 decoder skips line breaks: the first three used to
+		// verify as the valid token written differently; the CR in the
+		// payload used to fail the signature instead. The rest were
+		// refused before too and pin the alphabet check.
 		{"line feed in the signature", full, valid[:len(valid)-10] + "\n" + valid[len(valid)-10:], ErrMalformed},
-		{"carriage return in the payload", full, parts[0] + "." + parts[1][:8] + "\r" + parts[1][8:] + "." + parts[2], ErrMalformed},
 		{"CRLF after the token", full, valid + "\r\n", ErrMalformed},
+		{"line feed after the token", full, valid + "\n", ErrMalformed},
+		{"carriage return in the payload", full, parts[0] + "." + parts[1][:8] + "\r" + parts[1][8:] + "." + parts[2], ErrMalformed},
 		{"space before the token", full, " " + valid, ErrMalformed},
 		{"padding on the signature", full, valid + "=", ErrMalformed},
 		{"non-ASCII in the header", full, "é" + valid, ErrMalformed},
+		{"invalid UTF-8", full, valid[:20] + "\xff" + valid[20:], ErrMalformed},
 		{"missing exp", full, hs(func(c *Claims) { c.ExpiresAt = nil }), ErrMissingExp},
 		{"missing exp and expired-looking nbf", full, hs(func(c *Claims) { c.ExpiresAt = nil; c.NotBefore = jwt.NewNumericDate(testNow.Add(time.Hour)) }), ErrMissingExp},
 		{"oversized", full, hs(func(c *Claims) {

@@ -192,22 +192,24 @@ func TestGateway_BroadcastEncodesOnce(t *testing.T) {
 
 // TestGateway_PingTimeoutCloses4002: a client that stops reading (so never
 // answers a ping) is closed with 4002 once the pong is late; a client that
-// reads (and so answers) stays. The pong timeout leaves the live client
-// half a second per ping: with 100 ms, a fresh-clone CI run (the whole
-// package in parallel under -race on 2 cores) once saw its pong late.
+// reads (and so answers) stays. The live client starts reading right
+// after its hello, so no ping goes unanswered while the mute one dials;
+// the pong timeout still leaves it half a second, since with 100 ms a
+// fresh-clone CI run (the whole package in parallel under -race on 2
+// cores) once saw its pong late.
 func TestGateway_PingTimeoutCloses4002(t *testing.T) {
 	t.Parallel()
 	srv := newTestServer(t, gateway.Config{PingInterval: 50 * time.Millisecond, PongTimeout: 500 * time.Millisecond})
 	live := gwtest.Dial(t, srv.url, nil)
 	live.Hello("", 0)
-	mute := gwtest.Dial(t, srv.url, nil)
-	mute.Hello("", 0)
 	// live keeps a read pending, which is what answers pings.
 	liveErr := make(chan error, 1)
 	go func() {
 		_, err := live.NextErr(2 * time.Second)
 		liveErr <- err
 	}()
+	mute := gwtest.Dial(t, srv.url, nil)
+	mute.Hello("", 0)
 	// Poll the metrics until the mute session is counted, then read its
 	// close frame.
 	gwtest.Eventually(t, gwtest.Timeout, "mute session closed for ping timeout", func() bool {

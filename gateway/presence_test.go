@@ -345,8 +345,10 @@ func TestPresence_TTL(t *testing.T) {
 // close frame leaves within the ping timeout.
 func TestPresence_CutConnection(t *testing.T) {
 	t.Parallel()
-	// The observer answers pings too: a 100 ms pong timeout is too tight
-	// for it under -race with the package's tests in parallel on 2 cores.
+	// The observer answers pings only while the test reads it, and there
+	// are unread stretches during each subtest's setup: a 100 ms pong
+	// timeout was too tight for those under -race with the package's
+	// tests in parallel on 2 cores.
 	cfg := fastPresence(gateway.Config{PingInterval: 100 * time.Millisecond, PongTimeout: 500 * time.Millisecond})
 	srv := newTestServer(t, cfg)
 	o := gwtest.Dial(t, srv.url, nil)
