@@ -56,6 +56,24 @@ func writerConn(t *testing.T, url string, batchBytes int) *conn {
 	return cn
 }
 
+// waitQueued waits for the wake-up every enqueue sends the writer (the
+// harness runs no writer, so nothing else takes it), then checks that
+// exactly one message is queued.
+func waitQueued(t *testing.T, cn *conn) {
+	t.Helper()
+	select {
+	case <-cn.qwake:
+	case <-time.After(5 * time.Second):
+		t.Fatal("nothing was queued within 5s")
+	}
+	cn.qmu.Lock()
+	n := len(cn.queue)
+	cn.qmu.Unlock()
+	if n != 1 {
+		t.Fatalf("%d messages queued, want 1", n)
+	}
+}
+
 // takeQueue takes what is queued on cn, as the writer does when it wakes.
 func takeQueue(cn *conn) []outMsg {
 	cn.qmu.Lock()
@@ -243,17 +261,8 @@ func TestWrite_CtxEndsAfterTaken(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { errc <- cn.write(ctx, []byte("claimed"), false) }()
-	var q []outMsg
-	deadline := time.Now().Add(5 * time.Second)
-	for len(q) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the frame was not queued within 5s")
-		}
-		q = takeQueue(cn)
-		if len(q) == 0 {
-			time.Sleep(time.Millisecond) // polling the queue with a deadline
-		}
-	}
+	waitQueued(t, cn)
+	q := takeQueue(cn)
 	if !q[0].w.state.CompareAndSwap(outQueued, outTaken) {
 		t.Fatal("could not claim the frame")
 	}
@@ -302,19 +311,7 @@ func TestWrite_CtxEndsBeforeTaken(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { errc <- cn.write(ctx, []byte("cancelled"), false) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		cn.qmu.Lock()
-		n := len(cn.queue)
-		cn.qmu.Unlock()
-		if n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the frame was not queued within 5s")
-		}
-		time.Sleep(time.Millisecond) // polling the queue with a deadline
-	}
+	waitQueued(t, cn)
 	cancel()
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Fatalf("write = %v, want context.Canceled", err)
