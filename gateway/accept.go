@@ -37,7 +37,7 @@ func (h hijackSizer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if err != nil {
 		return c, brw, err
 	}
-	cc := &corkConn{Conn: c}
+	cc := newCorkConn(c)
 	*h.conn = cc
 	// net/http flushed the 101 response before handing over its writer,
 	// so replacing the writer loses nothing.

@@ -71,7 +71,7 @@ func TestSession_WriteBatchOneMessage(t *testing.T) {
 				}
 			}
 			items, _, _, _ := s.q.next(nil)
-			if err := s.writeBatch(t.Context(), items); err != nil {
+			if _, _, err := s.writeBatch(t.Context(), items, true); err != nil {
 				t.Fatal(err)
 			}
 			var got [][]byte

@@ -135,6 +135,17 @@ type Config struct {
 	// the bound is twice this. Zero means 50ms; negative turns pacing off.
 	MaxWriteDelay time.Duration
 
+	// Writers is how many goroutines write for the sessions on TCP and
+	// Unix sockets (see writerPool in gateway/pool.go): they take sessions
+	// with frames to send in turn and never wait on a socket, so a publish
+	// to thousands of sessions makes a few goroutines runnable rather than
+	// one per session. Zero means one per core (runtime.GOMAXPROCS);
+	// negative means every busy session writes from a goroutine of its own,
+	// as TLS connections (which cannot be written without waiting) always
+	// do, and every connection does on systems other than Linux, macOS and
+	// OpenBSD.
+	Writers int
+
 	// SchedWaits returns how many goroutine scheduling waits (a runnable
 	// goroutine waiting for a core) have been sampled since the process
 	// started, and how many of them took about 1 ms or more: running
@@ -143,7 +154,9 @@ type Config struct {
 	// is overloaded: it paces as when busy, and the delay may grow to
 	// twice MaxWriteDelay, so that the backlog turns into fewer, larger
 	// writes rather than into seconds of latency. Nil means the Go
-	// runtime's /sched/latencies:seconds.
+	// runtime's /sched/latencies:seconds. With shared writers (Writers)
+	// the pacer adds the writer pool's own waits: paced sessions taken,
+	// and those taken 1 ms or more late.
 	SchedWaits func() (long, total uint64)
 
 	// MaxSubscriptions caps active subscriptions per session.
@@ -273,6 +286,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.CPUTime = processCPU
 	}
 	setDefault(&c.MaxWriteDelay, 50*time.Millisecond)
+	setDefault(&c.Writers, runtime.GOMAXPROCS(0))
 	if c.SchedWaits == nil {
 		c.SchedWaits = runtimeSchedWaits
 	}

@@ -51,7 +51,7 @@ func TestCorkConn_OneWritePerMessage(t *testing.T) {
 			want.Write(p)
 		}
 		before := cc.Conn.(*countingConn).writes
-		if err := cc.uncork(); err != nil {
+		if _, err := cc.uncork(true); err != nil {
 			t.Fatal(err)
 		}
 		// net.Pipe has no writev, so net.Buffers falls back to one Write
@@ -85,7 +85,7 @@ func TestCorkConn_WebSocketMessages(t *testing.T) {
 	cc.SetReadLimit(1 << 20)
 	for _, size := range []int{1, 200, 255, 256, 257, 4096, 65536, 300_000} {
 		msg := bytes.Repeat([]byte{'x'}, size)
-		if err := s.writeMessage(ctx, msg, nil); err != nil {
+		if _, err := s.writeMessage(ctx, msg, nil, true); err != nil {
 			t.Fatal(err)
 		}
 		_, got, err := cc.Read(ctx)
@@ -119,4 +119,106 @@ func TestCorkConn_CloseFlushes(t *testing.T) {
 	if g := <-got; string(g) != "close frame" {
 		t.Fatalf("got %q", g)
 	}
+}
+
+// tcpPair returns both ends of a real loopback TCP connection.
+func tcpPair(t *testing.T) (server, client *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := <-accepted
+	if s == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { _ = c.Close(); _ = s.Close() })
+	return s.(*net.TCPConn), c.(*net.TCPConn)
+}
+
+// TestCorkConn_UncorkWithoutWaiting fills a real socket whose peer does not
+// read: an uncork that must not wait returns blocked instead of waiting,
+// keeps the rest of the message, and writes it before anything written
+// after (a pong from the reader, the next message), so the peer gets the
+// stream intact and in order.
+func TestCorkConn_UncorkWithoutWaiting(t *testing.T) {
+	s, c := tcpPair(t)
+	if err := s.SetWriteBuffer(8 << 10); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetReadBuffer(8 << 10); err != nil {
+		t.Fatal(err)
+	}
+	cc := newCorkConn(s)
+	if !cc.nonBlocking() {
+		t.Skip("no writes without waiting on this system")
+	}
+	cc.timeout = 10 * time.Second
+	var want bytes.Buffer
+	blocked := false
+	for i := 0; i < 1000 && !blocked; i++ {
+		msg := bytes.Repeat([]byte{byte('a' + i%26)}, 16<<10)
+		cc.cork()
+		if _, err := cc.Write(msg[:3]); err != nil { // a header: copied
+			t.Fatal(err)
+		}
+		if _, err := cc.Write(msg[3:]); err != nil { // a payload: referenced
+			t.Fatal(err)
+		}
+		want.Write(msg)
+		var err error
+		if blocked, err = cc.uncork(false); err != nil {
+			t.Fatal(err)
+		}
+		// The caller may reuse its buffers at once.
+		clear(msg)
+	}
+	if !blocked {
+		t.Fatal("16 MiB went into a socket nobody reads without blocking")
+	}
+	got := make(chan []byte, 1)
+	go func() {
+		b, _ := io.ReadAll(c)
+		got <- b
+	}()
+	// An uncorked write (coder/websocket's reader answering a ping) waits
+	// for the rest of the message and goes after it.
+	if _, err := cc.Write([]byte("pong")); err != nil {
+		t.Fatal(err)
+	}
+	want.WriteString("pong")
+	if err := cc.flush(); err != nil {
+		t.Fatal(err)
+	}
+	cc.cork()
+	if _, err := cc.Write([]byte("after")); err != nil {
+		t.Fatal(err)
+	}
+	want.WriteString("after")
+	if b, err := cc.uncork(false); err != nil || b {
+		t.Fatalf("uncork after the peer read: blocked %v, err %v", b, err)
+	}
+	_ = cc.Close()
+	if g := <-got; !bytes.Equal(g, want.Bytes()) {
+		t.Fatalf("stream differs: got %d bytes, want %d (first difference at %d)", len(g), want.Len(), firstDiff(g, want.Bytes()))
+	}
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
 }

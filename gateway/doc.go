@@ -11,9 +11,16 @@
 //
 // Every WebSocket connection is one session with a reader goroutine (which
 // decodes frames and runs their handlers) and, only while it has something
-// to send, one writer goroutine (which owns the connection's write side).
-// They meet at a bounded send queue. Publishers never block on a session:
-// a session whose queue overflows is closed with 4001 (slow consumer).
+// to send, one writer (which owns the connection's write side). They meet
+// at a bounded send queue. On a TCP or Unix socket (on Linux, macOS and
+// OpenBSD) the writer is a turn of a shared writerPool worker
+// (Config.Writers, one per core), which never waits on a socket: what would
+// wait (a full socket, a ping, the close, a control frame the reader is
+// writing) moves to a goroutine of the session's own, which is the writer
+// on connections that cannot be written without waiting (TLS, other
+// systems). Publishers never block on a
+// session: a session whose queue overflows is closed with 4001 (slow
+// consumer).
 //
 // # Broadcast
 //

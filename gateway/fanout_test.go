@@ -176,10 +176,22 @@ func (l smallBufListener) Accept() (net.Conn, error) {
 
 // TestGateway_StalledClientDoesNotSlowOthers: one client that never reads
 // must not stop 100 others from getting every message; it is closed as a
-// slow consumer and counted in /metrics.
+// slow consumer and counted in /metrics. Both ways of writing: the shared
+// writers (whose write to the stalled socket must hand over to a goroutine
+// of the session's own, counted in syncgate_writes_blocked_total) and a
+// goroutine per busy session.
 func TestGateway_StalledClientDoesNotSlowOthers(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		writers int
+	}{{"shared writers", 0}, {"goroutine per session", -1}} {
+		t.Run(tc.name, func(t *testing.T) { testStalledClient(t, tc.writers) })
+	}
+}
+
+func testStalledClient(t *testing.T, writers int) {
 	const healthy, msgs = 100, 1000
-	gw, err := gateway.New(gateway.Config{SendQueueBytes: 128 << 10, SendQueueMessages: 100000, WriteTimeout: 5 * time.Second})
+	gw, err := gateway.New(gateway.Config{SendQueueBytes: 128 << 10, SendQueueMessages: 100000, WriteTimeout: 5 * time.Second, Writers: writers})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,6 +258,10 @@ func TestGateway_StalledClientDoesNotSlowOthers(t *testing.T) {
 	}
 	if !strings.Contains(metrics, `syncgate_drops_total{reason="queue_full"} 1`) {
 		t.Fatalf("queue_full drop not counted:\n%s", grepLines(metrics, "syncgate_drops_total"))
+	}
+	blockedNone := strings.Contains(metrics, "syncgate_writes_blocked_total 0\n")
+	if shared := writers >= 0; shared == blockedNone {
+		t.Fatalf("shared writers %v, but:\n%s", shared, grepLines(metrics, "syncgate_writes_blocked_total"))
 	}
 }
 

@@ -66,6 +66,7 @@ type metrics struct {
 	publishes         prometheus.Counter
 	writeDelay        prometheus.Gauge
 	overloadTicks     prometheus.Counter
+	writesBlocked     prometheus.Counter
 	tailers           prometheus.Gauge
 	resumes           map[string]prometheus.Counter
 	replayed          prometheus.Counter
@@ -119,6 +120,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		}),
 		overloadTicks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "syncgate_overload_ticks_total", Help: "Pacing ticks (50 ms each) in which the node was overloaded: the moving average over a few ticks of the share of Go scheduler waits of about 1 ms or more exceeded 40%, and pacing's delay could grow to twice max-write-delay.",
+		}),
+		writesBlocked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "syncgate_writes_blocked_total", Help: "Messages a shared writer could not hand to the socket at once (the peer's buffers were full): the session's own goroutine finished each, waiting up to write-timeout.",
 		}),
 		writeDelay: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "syncgate_write_delay_seconds", Help: "Current pacing delay between a busy session's writes (0 while under the write budget).",
@@ -178,7 +182,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		m.closes[r] = closes.WithLabelValues(r.String())
 	}
 	reg.MustRegister(m.sessions, m.accepted, rejected, m.draining, framesIn, framesOut, m.badFrames, m.framesRateLimited,
-		m.errorsByCode, m.bytesIn, m.bytesOut, m.messagesOut, drops, closes, m.deliveryLatency, m.publishes, m.writeDelay, m.overloadTicks,
+		m.errorsByCode, m.bytesIn, m.bytesOut, m.messagesOut, drops, closes, m.deliveryLatency, m.publishes, m.writeDelay, m.overloadTicks, m.writesBlocked,
 		m.tailers, m.replayed, resumes, m.tokenRefreshes)
 	reg.MustRegister(m.presenceDiffs, m.presenceRejoins)
 	return m

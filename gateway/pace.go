@@ -30,7 +30,11 @@ import (
 // from the node's own CPU: the share of scheduling waits of about a
 // millisecond or more (runnable goroutines queueing for the cores:
 // writers readied faster than they run, or other processes taking the
-// cores), averaged over the last few ticks, above 40%. Then the node
+// cores), averaged over the last few ticks, above 40%. With shared
+// writers (writerPool) the waits also count every paced session the pool
+// took, and as long those it took a millisecond or more after it was due:
+// sessions waiting for a writer are no longer goroutines the scheduler
+// sees. Then the node
 // counts as busy whatever its CPU and rate, and the delay may grow to
 // twice MaxWriteDelay; once the overload ends it eases back to
 // MaxWriteDelay by a quarter per tick. On the benchmark machine, 5,000

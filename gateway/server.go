@@ -38,6 +38,7 @@ type Server struct {
 	handler   http.Handler
 	seq       *sequencer
 	pacer     *pacer
+	pool      *writerPool // nil when Config.Writers is negative
 	producers *producers
 	presence  *presenceHub
 	baseCtx   context.Context // parent of every session; cancelled last in Shutdown
@@ -115,7 +116,18 @@ func New(cfg Config) (*Server, error) {
 		reg = newRegistry()
 	}
 	s.metrics = newMetrics(reg)
-	s.pacer = newPacer(cfg, s.stopSweep, s.metrics.writeDelay)
+	pcfg := cfg
+	if cfg.Writers > 0 {
+		s.pool = newWriterPool(cfg.Writers)
+		// With shared writers, sessions waiting for one no longer show as
+		// runnable goroutines: the pool's late turns count as waits too.
+		pcfg.SchedWaits = func() (long, total uint64) {
+			l, t := cfg.SchedWaits()
+			pl, pt := s.pool.waits()
+			return l + pl, t + pt
+		}
+	}
+	s.pacer = newPacer(pcfg, s.stopSweep, s.metrics.writeDelay)
 	s.pacer.overloads = s.metrics.overloadTicks
 	preg := cfg.Presence
 	if preg == nil {
@@ -299,6 +311,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			_ = sess.conn.CloseNow()
 		}
 		<-done
+	}
+	if s.pool != nil {
+		s.pool.close() // every session has ended: no writes are left
 	}
 	s.cancel()
 	if s.ownsHub != nil {

@@ -64,10 +64,14 @@ type session struct {
 	// Send side; safe from any goroutine. q.mu also guards pingTimer's
 	// re-arming and the decision to start a writer.
 	q         sendQueue
-	writers   sync.WaitGroup // the writer goroutine, while one runs
+	pooled    bool           // static: the writer is srv.pool rather than a goroutine (see spawnWriter)
+	writers   sync.WaitGroup // the writer (pool turn or goroutine), while one runs
 	pingTimer *time.Timer
 	lastWrite int64 // owned by the running writer: Unix nanoseconds of its last batch
 	lastGap   int64 // owned by the running writer: nanoseconds between its last two batches
+	// writeBroken is set by the writer after a failed write; owned by the
+	// running writer.
+	writeBroken bool
 
 	// closing is set by closeWith; lastRead is when the reader last got a
 	// message (Unix nanoseconds): inbound traffic proves the peer alive.
@@ -121,6 +125,7 @@ func newSession(ctx context.Context, srv *Server, conn *websocket.Conn, netConn 
 		ctx:     ctx,
 		ip:      clientIP(remote),
 		lim:     newFrameLimiter(&srv.cfg),
+		pooled:  srv.pool != nil && netConn != nil && netConn.nonBlocking(),
 	}
 	s.q.writers = &s.writers
 	return s
@@ -313,11 +318,14 @@ func (s *session) claimWriterLocked() bool {
 	return true
 }
 
+// spawnWriter starts the writer claimed by claimWriterLocked: the pool when
+// the connection can be written without waiting, else a goroutine.
 func (s *session) spawnWriter() {
-	go func() {
-		defer s.writers.Done()
-		s.writeLoop(s.ctx)
-	}()
+	if s.pooled {
+		s.srv.pool.add(s)
+		return
+	}
+	go s.ownWriter(nil)
 }
 
 // enqueue queues it for the writer. A full queue closes the session as a

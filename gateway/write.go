@@ -23,16 +23,17 @@ func (it *outItem) size() int { return len(it.prefix) + len(it.body) }
 // sendQueue is a session's bounded queue between producers (handlers and
 // fanout deliveries) and its writer. push never blocks.
 //
-// The writer goroutine exists only while there is work: push starts it when
-// the queue goes from idle to non-empty, and it exits when it finds the
-// queue empty. An idle session therefore holds no writer goroutine and no
-// write buffer. At most one writer runs at a time, so it alone writes data
-// frames to the connection.
+// The writer (a writerPool turn or a goroutine of the session's own, see
+// spawnWriter) exists only while there is work: push claims it when the
+// queue goes from idle to non-empty, and it stops when it finds the queue
+// empty. An idle session therefore holds no writer goroutine and no write
+// buffer. At most one writer runs at a time, so it alone writes data frames
+// to the connection.
 type sendQueue struct {
 	mu      sync.Mutex
 	items   []outItem     // guarded by mu
 	bytes   int           // guarded by mu
-	writing bool          // guarded by mu: a writer goroutine is running (or must be started)
+	writing bool          // guarded by mu: a writer is claimed (running, in the pool's line, or about to start)
 	pingDue bool          // guarded by mu: the writer should ping before it exits
 	reason  closeReason   // guarded by mu: set once by closeWith; then nothing is accepted
 	room    chan struct{} // guarded by mu: closed when the writer next takes the queue (waitRoom)
@@ -92,17 +93,7 @@ func (q *sendQueue) next(spare []outItem) (items []outItem, ping bool, reason cl
 	defer q.mu.Unlock()
 	items, ping, reason = q.items, q.pingDue, q.reason
 	if len(items) == 0 && !ping && reason == reasonNone {
-		q.writing = false
-		// An idle session keeps a small backing array for its next
-		// frames (so one that gets a frame now and then does not
-		// allocate one per frame) and lets a big one go.
-		switch {
-		case cap(q.items) > 0 && cap(q.items) <= keptQueueCap:
-		case cap(spare) > 0 && cap(spare) <= keptQueueCap:
-			q.items = spare[:0]
-		default:
-			q.items = nil
-		}
+		q.stopWriterLocked(spare)
 		return nil, false, reasonNone, true
 	}
 	q.items, q.bytes, q.pingDue = spare[:0], 0, false
@@ -111,6 +102,34 @@ func (q *sendQueue) next(spare []outItem) (items []outItem, ping bool, reason cl
 		q.room = nil
 	}
 	return items, ping, reason, false
+}
+
+// release marks the writer stopped if there is nothing for it to do, and
+// reports whether it did. A pool worker calls it after a write: a session
+// with more queued goes back in line instead.
+func (q *sendQueue) release() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.items) > 0 || q.pingDue || q.reason != reasonNone {
+		return false
+	}
+	q.stopWriterLocked(nil)
+	return true
+}
+
+// stopWriterLocked marks the writer stopped. An idle session keeps a small
+// backing array for its next frames (so one that gets a frame now and then
+// does not allocate one per frame) and lets a big one go; spare, the
+// writer's emptied array, may be the one it keeps.
+func (q *sendQueue) stopWriterLocked(spare []outItem) {
+	q.writing = false
+	switch {
+	case cap(q.items) > 0 && cap(q.items) <= keptQueueCap:
+	case cap(spare) > 0 && cap(spare) <= keptQueueCap:
+		q.items = spare[:0]
+	default:
+		q.items = nil
+	}
 }
 
 // waitRoom waits until the queue holds fewer than maxBytes, the session is
@@ -140,9 +159,18 @@ func (q *sendQueue) waitRoom(ctx context.Context, maxBytes int) error {
 // writeBufPool holds batch buffers, so idle sessions hold none.
 var writeBufPool = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }}
 
+// writeRound is what a writer takes from the queue at once (see next).
+type writeRound struct {
+	items  []outItem
+	ping   bool
+	reason closeReason
+}
+
 // writeLoop drains the queue into batched messages until it is empty, pings
-// when asked, and, once the session is closing, sends the close frame.
-func (s *session) writeLoop(ctx context.Context) {
+// when asked, and, once the session is closing, sends the close frame. It
+// starts with first when that is non-nil: a round a pool worker took but
+// cannot finish without waiting.
+func (s *session) writeLoop(ctx context.Context, first *writeRound) {
 	var batch []outItem
 	var wait *time.Timer
 	defer func() {
@@ -151,17 +179,11 @@ func (s *session) writeLoop(ctx context.Context) {
 		}
 	}()
 	for {
-		// Pacing: under load, a session writes at most once per delay so
-		// that frames queued meanwhile share one message (see pacer). Only
-		// a session whose last two writes were within twice the delay is
-		// held (one whose frames come further apart has nothing to batch),
-		// and one whose queue is an eighth full writes at once: pacing must
-		// never be what makes a consumer slow.
-		if d := s.srv.pacer.delay(); d > 0 && s.lastGap < 2*int64(d) &&
-			!s.q.pressed(s.srv.cfg.SendQueueMessages/8, s.srv.cfg.SendQueueBytes/8) {
-			// min(…, d): a wall clock stepped backwards must not stretch
-			// the wait beyond the delay.
-			if left := min(time.Duration(s.lastWrite+int64(d)-s.srv.cfg.Now().UnixNano()), d); left > 0 {
+		var r writeRound
+		if first != nil {
+			r, first = *first, nil
+		} else {
+			if left := s.holdFor(); left > 0 {
 				if wait == nil {
 					wait = time.NewTimer(left)
 				} else {
@@ -169,41 +191,141 @@ func (s *session) writeLoop(ctx context.Context) {
 				}
 				<-wait.C
 			}
+			var done bool
+			r.items, r.ping, r.reason, done = s.q.next(batch)
+			if done {
+				return
+			}
 		}
-		items, ping, reason, done := s.q.next(batch)
-		if done {
+		if r.reason != reasonNone {
+			s.finish(ctx, r.reason, r.items)
 			return
 		}
-		if reason != reasonNone {
-			s.finish(ctx, reason, items)
-			return
-		}
-		if err := s.writeBatch(context.Background(), items); err != nil {
-			// The stream may hold part of a frame: nothing more is
-			// written, not even a ping; the next round closes.
-			s.log().Debug("write failed", "err", err)
-			s.closeWith(reasonWriteError)
+		if _, _, err := s.writeBatch(context.Background(), r.items, true); err != nil {
+			s.writeFailed(err)
 			batch = nil // items may be the queue's array again by the next round
 			continue
 		}
-		if ping {
+		if r.ping {
 			if err := s.ping(ctx); err != nil {
 				s.closeWith(reasonPingTimeout)
 			}
 		}
-		batch = items
+		batch = r.items
 		if cap(batch) > 1024 {
 			batch = nil // a burst has passed; let its memory go
 		}
 	}
 }
 
+// writeFailed closes the session after a failed write. The stream may hold
+// part of a frame: nothing more is written, not even a ping; the writer's
+// next round sends no close frame either.
+func (s *session) writeFailed(err error) {
+	s.log().Debug("write failed", "err", err)
+	s.writeBroken = true
+	s.closeWith(reasonWriteError)
+}
+
+// holdFor is how long pacing holds the session's next write. Under load, a
+// session writes at most once per delay so that frames queued meanwhile
+// share one message (see pacer). Only a session whose last two writes were
+// within twice the delay is held (one whose frames come further apart has
+// nothing to batch), and one whose queue is an eighth full writes at once:
+// pacing must never be what makes a consumer slow. Only the session's
+// writer may call it.
+func (s *session) holdFor() time.Duration {
+	d := s.srv.pacer.delay()
+	if d <= 0 || s.lastGap >= 2*int64(d) ||
+		s.q.pressed(s.srv.cfg.SendQueueMessages/8, s.srv.cfg.SendQueueBytes/8) {
+		return 0
+	}
+	// min(…, d): a wall clock stepped backwards must not stretch the wait
+	// beyond the delay.
+	return max(min(time.Duration(s.lastWrite+int64(d)-s.srv.cfg.Now().UnixNano()), d), 0)
+}
+
+// writeTurn is a pool worker's turn at s (see writerPool): unless the
+// pacer holds it (or due says it was held already), it writes what s has
+// queued without waiting; then it holds s if the pacer would, else puts it
+// back in line if more came meanwhile, else lets it go.
+// Whatever would wait (a full socket, a ping, the close) goes on to a
+// writer goroutine of the session's own. It returns the array the worker
+// may reuse for its next session's queue.
+func (s *session) writeTurn(spare []outItem, due bool) []outItem {
+	pool := s.srv.pool
+	if !due && !s.closing.Load() {
+		if left := s.holdFor(); left > 0 {
+			pool.hold(s, left)
+			return spare
+		}
+	}
+	items, ping, reason, done := s.q.next(spare)
+	if done {
+		s.writers.Done()
+		return nil // s may have kept spare as its queue array
+	}
+	// busy: the reader is writing a control frame, which may be waiting
+	// for room in the socket while it holds coder/websocket's frame lock.
+	if ping || reason != reasonNone || s.netConn.busy() {
+		go s.ownWriter(&writeRound{items: items, ping: ping, reason: reason})
+		return nil
+	}
+	blocked, rest, err := s.writeBatch(context.Background(), items, false)
+	switch {
+	case err != nil:
+		s.writeFailed(err)
+		pool.add(s) // its next turn hands the close to ownWriter
+		return nil
+	case blocked:
+		s.srv.metrics.writesBlocked.Inc()
+		go func() {
+			if err := s.netConn.flush(); err != nil {
+				s.writeFailed(err)
+			} else if _, _, err := s.writeBatch(context.Background(), rest, true); err != nil {
+				s.writeFailed(err)
+			}
+			s.ownWriter(nil)
+		}()
+		return nil
+	}
+	switch left := s.holdFor(); {
+	case left > 0 && !s.closing.Load():
+		// Paced: hold it now, as writeLoop waits, rather than let it go
+		// and come back with every frame: the session keeps its queue
+		// array instead of growing a new one each round.
+		pool.hold(s, left)
+	case s.q.release():
+		s.writers.Done()
+	default:
+		pool.add(s)
+	}
+	if cap(items) > 1024 {
+		return nil // a burst has passed; let its memory go
+	}
+	return items
+}
+
+// ownWriter is the session's writer goroutine from first on, until its
+// queue is empty (spawnWriter starts it without first).
+func (s *session) ownWriter(first *writeRound) {
+	defer s.writers.Done()
+	s.writeLoop(s.ctx, first)
+}
+
 // finish ends the connection for reason: on shutdown and drain it first
 // delivers what is already queued (acks included).
 func (s *session) finish(ctx context.Context, r closeReason, items []outItem) {
 	s.srv.presence.release(s) // not after the handshake: a vanished peer makes it wait
+	if s.writeBroken {
+		// The stream may end inside a frame: a session already closing
+		// for another reason must not write its queue or a close frame
+		// after it.
+		_ = s.conn.CloseNow()
+		return
+	}
 	if r.flushes() {
-		if err := s.writeBatch(context.Background(), items); err != nil {
+		if _, _, err := s.writeBatch(context.Background(), items, true); err != nil {
 			r = reasonWriteError
 		}
 	}
@@ -251,10 +373,13 @@ func (s *session) ping(ctx context.Context) error {
 }
 
 // writeBatch writes items as few WebSocket messages as MaxBatchBytes allows,
-// frames separated by '\n'.
-func (s *session) writeBatch(ctx context.Context, items []outItem) error {
+// frames separated by '\n'. With wait false (the connection must be
+// nonBlocking) it stops when the socket is full: blocked is true, the
+// message in flight is pending in netConn (see corkConn.uncork), and rest
+// are the items not yet written.
+func (s *session) writeBatch(ctx context.Context, items []outItem, wait bool) (blocked bool, rest []outItem, err error) {
 	if len(items) == 0 {
-		return nil
+		return false, nil, nil
 	}
 	// Write deadlines are kept by corkConn on the raw connection (a
 	// cancellable ctx would cost coder/websocket a callback registration per
@@ -266,12 +391,20 @@ func (s *session) writeBatch(ctx context.Context, items []outItem) error {
 	defer writeBufPool.Put(bp)
 	buf := (*bp)[:0]
 	var counts [numFrameTypes]int
+	defer func() {
+		for k, n := range counts {
+			if n > 0 {
+				m.framesOut[k].Add(float64(n))
+			}
+		}
+	}()
 	start := 0
 	for i := range items {
 		it := &items[i]
 		if len(buf) > 0 && len(buf)+1+it.size() > s.srv.cfg.MaxBatchBytes {
-			if err := s.writeMessage(ctx, buf, items[start:i]); err != nil {
-				return err
+			blocked, err = s.writeMessage(ctx, buf, items[start:i], wait)
+			if err != nil || blocked {
+				return blocked, items[i:], err
 			}
 			buf, start = buf[:0], i
 		}
@@ -282,28 +415,27 @@ func (s *session) writeBatch(ctx context.Context, items []outItem) error {
 		buf = append(buf, it.body...)
 		counts[it.kind]++
 	}
-	err := s.writeMessage(ctx, buf, items[start:])
+	blocked, err = s.writeMessage(ctx, buf, items[start:], wait)
 	if cap(buf) <= 2*s.srv.cfg.MaxBatchBytes {
 		*bp = buf[:0] // a buffer grown by one huge frame is left to the GC
 	} else {
 		*bp = make([]byte, 0, 16<<10)
 	}
-	for k, n := range counts {
-		if n > 0 {
-			m.framesOut[k].Add(float64(n))
-		}
-	}
-	return err
+	return blocked, nil, err
 }
 
-func (s *session) writeMessage(ctx context.Context, msg []byte, items []outItem) error {
+// writeMessage writes msg, the frames of items, as one WebSocket message
+// (see writeBatch for wait and blocked). A message left pending counts as
+// written: the rest of it goes before anything else, or the session ends.
+func (s *session) writeMessage(ctx context.Context, msg []byte, items []outItem, wait bool) (blocked bool, err error) {
 	s.netConn.cork()
-	err := s.conn.Write(ctx, websocket.MessageText, msg)
-	if uerr := s.netConn.uncork(); err == nil {
+	err = s.conn.Write(ctx, websocket.MessageText, msg)
+	blocked, uerr := s.netConn.uncork(wait)
+	if err == nil {
 		err = uerr
 	}
 	if err != nil {
-		return err
+		return false, err
 	}
 	s.srv.pacer.wrote()
 	m := s.srv.metrics
@@ -321,5 +453,5 @@ func (s *session) writeMessage(ctx context.Context, msg []byte, items []outItem)
 	if oldest != 0 {
 		m.deliveryLatency.Observe(float64(s.srv.cfg.Now().UnixNano()-oldest) / 1e9)
 	}
-	return nil
+	return blocked, nil
 }

@@ -195,6 +195,21 @@ var settings = []setting{
 			c.Gateway.MaxWriteDelay = d
 			return nil
 		}},
+	{"writers", "SYNCGATE_WRITERS", "auto", "goroutines that write for sessions on TCP connections, taking busy sessions in turn (auto: one per core; off: a goroutine per busy session, as TLS connections, and all on systems other than Linux, macOS and OpenBSD, always have)",
+		func(c *config, v string) error {
+			switch v {
+			case "auto":
+				c.Gateway.Writers = 0
+				return nil
+			case "off":
+				c.Gateway.Writers = -1
+				return nil
+			}
+			if err := intSetting(func(c *config) *int { return &c.Gateway.Writers })(c, v); err != nil {
+				return fmt.Errorf("want auto, off or a positive integer, got %q", v)
+			}
+			return nil
+		}},
 	{"max-subscriptions", "SYNCGATE_MAX_SUBSCRIPTIONS", "128", "active subscriptions per session",
 		intSetting(func(c *config) *int { return &c.Gateway.MaxSubscriptions })},
 	{"presence-ttl", "SYNCGATE_PRESENCE_TTL", "30s", "how long a presence member stays after its socket or node vanished; live sessions refresh theirs every third of it",

@@ -28,6 +28,21 @@ func TestParseConfig_Defaults(t *testing.T) {
 	}
 }
 
+// TestParseConfig_Writers: auto, off and a count map onto Config.Writers
+// (zero, negative, the count).
+func TestParseConfig_Writers(t *testing.T) {
+	t.Parallel()
+	for v, want := range map[string]int{"auto": 0, "off": -1, "3": 3} {
+		c, err := parseConfig([]string{"-writers", v}, env(nil), io.Discard)
+		if err != nil {
+			t.Fatalf("-writers %s: %v", v, err)
+		}
+		if c.Gateway.Writers != want {
+			t.Errorf("-writers %s: Writers = %d, want %d", v, c.Gateway.Writers, want)
+		}
+	}
+}
+
 // TestParseConfig_Precedence: flags beat env, env beats the YAML file,
 // the file beats defaults.
 func TestParseConfig_Precedence(t *testing.T) {
@@ -116,6 +131,8 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"bad persist pattern", nil, map[string]string{"SYNCGATE_PERSIST": "chat:["}, "SYNCGATE_PERSIST"},
 		{"leeway over 5m", []string{"-jwt-leeway", "6m"}, nil, "-jwt-leeway"},
 		{"tiny max token", nil, map[string]string{"SYNCGATE_MAX_TOKEN": "10"}, "SYNCGATE_MAX_TOKEN"},
+		{"writers zero", nil, map[string]string{"SYNCGATE_WRITERS": "0"}, "SYNCGATE_WRITERS"},
+		{"writers word", []string{"-writers", "many"}, nil, "-writers"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -1,0 +1,236 @@
+package gateway
+
+import (
+	"container/heap"
+	"slices"
+	"sync"
+	"time"
+)
+
+// writerPool writes for the sessions whose connection can be written
+// without waiting (TCP; see corkConn.uncork): a few worker goroutines, one
+// per core by default, take sessions with frames to send in the order they
+// became ready, write each one's queue (in as few messages as
+// MaxBatchBytes allows), and put it back in line if more came meanwhile.
+//
+// A goroutine per busy session (the other way, writeLoop) costs a
+// goroutine start and a scheduler hand-off per idle-to-busy session, and a
+// publish to 5,000 sessions makes 5,000 goroutines runnable at once: they
+// overflow the Ps' run queues into the global one, where the reader of the
+// next inbound publish waits behind them. The pool keeps the ready
+// sessions as data, so the runtime sees a few workers and the readers.
+//
+// Pacing works as in writeLoop: a session the pacer holds is parked in a
+// heap by the time it may write again, and workers take due sessions
+// before ready ones. A write that would block (the peer reads slower than
+// we write) is finished by a goroutine of the session's own (writeLoop),
+// so one slow peer never stalls a worker; so are pings (which wait for the
+// pong), the close, and a turn that finds the reader writing a control
+// frame (corkConn.busy).
+type writerPool struct {
+	epoch    time.Time     // due times are monotonic nanoseconds since epoch
+	stop     chan struct{} // closed by close: idle workers exit
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+
+	mu    sync.Mutex
+	late  uint64     // guarded by mu: held sessions taken longWait or more after due
+	taken uint64     // guarded by mu: held sessions taken
+	ready []*session // guarded by mu: ready[head:] in arrival order
+	head  int        // guarded by mu
+	held  heldHeap   // guarded by mu: paced sessions by due time
+	idle  []*poolWorker
+}
+
+// poolWorker is one worker's wake-up line: whoever takes an idle worker
+// off the pool's idle list sends on wake.
+type poolWorker struct {
+	wake chan struct{}
+	idle bool // guarded by the pool's mu: on the idle list
+}
+
+func newWriterPool(workers int) *writerPool {
+	p := &writerPool{epoch: time.Now(), stop: make(chan struct{})}
+	for range workers {
+		w := &poolWorker{wake: make(chan struct{}, 1)}
+		p.wg.Go(func() { p.work(w) })
+	}
+	return p
+}
+
+// close stops the workers once they are idle. The server calls it after
+// every session has ended, so nothing is left in line. It may be called
+// more than once.
+func (p *writerPool) close() {
+	p.stopOnce.Do(func() { close(p.stop) })
+	p.wg.Wait()
+}
+
+// add puts s at the end of the line. s must have its writer claimed
+// (claimWriterLocked): the pool is its writer now.
+func (p *writerPool) add(s *session) {
+	p.mu.Lock()
+	p.ready = append(p.ready, s)
+	w := p.takeIdleLocked()
+	p.mu.Unlock()
+	if w != nil {
+		w.signal()
+	}
+}
+
+// hold parks s for d. The pool keeps time on the monotonic clock, not
+// Config.Now: a held session must come back after d whatever the wall
+// clock (or a test's) says.
+func (p *writerPool) hold(s *session, d time.Duration) {
+	due := int64(time.Since(p.epoch) + d)
+	p.mu.Lock()
+	// Idle workers sleep until the earliest due time there was when they
+	// went idle (or until woken, if none was held): wake one only if this
+	// is earlier. Waking one per hold would cost a wake-up per paced write.
+	var w *poolWorker
+	if len(p.held) == 0 || due < p.held[0].due {
+		w = p.takeIdleLocked()
+	}
+	heap.Push(&p.held, heldSession{due: due, s: s})
+	p.mu.Unlock()
+	if w != nil {
+		w.signal()
+	}
+}
+
+func (p *writerPool) takeIdleLocked() *poolWorker {
+	n := len(p.idle)
+	if n == 0 {
+		return nil
+	}
+	w := p.idle[n-1]
+	p.idle[n-1] = nil
+	p.idle = p.idle[:n-1]
+	w.idle = false
+	return w
+}
+
+func (w *poolWorker) signal() {
+	select {
+	case w.wake <- struct{}{}:
+	default: // already signalled
+	}
+}
+
+// waits counts the held sessions taken since the pool started (total) and
+// those taken longWait or more after they were due (long): the pool's
+// counterpart of the runtime's scheduling waits, which the pacer's overload
+// test reads (see pacer). Held sessions are taken before ready ones, so one
+// taken late means the workers (or the cores under them) are saturated;
+// a ready session's wait is not counted, since a publish to thousands of
+// sessions makes the last of them wait whatever the load.
+func (p *writerPool) waits() (long, total uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.late, p.taken
+}
+
+// next returns the session to write for next: the earliest held one that
+// is due (due true), else the first ready one, else it waits. It returns
+// nil once the pool is closed and idle.
+func (p *writerPool) next(w *poolWorker, t *time.Timer) (s *session, due bool) {
+	for {
+		p.mu.Lock()
+		n := int64(time.Since(p.epoch))
+		if len(p.held) > 0 && p.held[0].due <= n {
+			h := heap.Pop(&p.held).(heldSession)
+			p.taken++
+			if n-h.due >= int64(longWait) {
+				p.late++
+			}
+			p.mu.Unlock()
+			return h.s, true
+		}
+		if p.head < len(p.ready) {
+			s := p.ready[p.head]
+			p.ready[p.head] = nil
+			p.head++
+			switch {
+			case p.head == len(p.ready):
+				p.ready, p.head = p.ready[:0], 0
+			case p.head >= 1024 && 2*p.head >= len(p.ready):
+				k := copy(p.ready, p.ready[p.head:])
+				clear(p.ready[k:])
+				p.ready, p.head = p.ready[:k], 0
+			}
+			p.mu.Unlock()
+			return s, false
+		}
+		if cap(p.ready) > 4096 {
+			p.ready = nil // a burst has passed
+		}
+		if len(p.held) == 0 && cap(p.held) > 4096 {
+			p.held = nil
+		}
+		var due <-chan time.Time
+		if len(p.held) > 0 {
+			t.Reset(time.Duration(p.held[0].due - n))
+			due = t.C
+		}
+		// A signal left from an earlier wake-up (sent by someone who took
+		// this worker off the list while its timer fired) is stale now.
+		select {
+		case <-w.wake:
+		default:
+		}
+		p.idle = append(p.idle, w)
+		w.idle = true
+		p.mu.Unlock()
+		select {
+		case <-w.wake:
+		case <-due:
+		case <-p.stop:
+			return nil, false
+		}
+		if due != nil {
+			t.Stop()
+		}
+		p.mu.Lock()
+		if w.idle { // woken by the timer: still listed
+			i := slices.Index(p.idle, w)
+			p.idle = slices.Delete(p.idle, i, i+1)
+			w.idle = false
+		}
+		p.mu.Unlock()
+	}
+}
+
+func (p *writerPool) work(w *poolWorker) {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	var batch []outItem
+	for {
+		s, due := p.next(w, t)
+		if s == nil {
+			return
+		}
+		batch = s.writeTurn(batch, due)
+	}
+}
+
+// heldSession is a session the pacer holds until due.
+type heldSession struct {
+	due int64 // nanoseconds since the pool's epoch
+	s   *session
+}
+
+// heldHeap is a min-heap of held sessions by due time.
+type heldHeap []heldSession
+
+func (h heldHeap) Len() int           { return len(h) }
+func (h heldHeap) Less(i, j int) bool { return h[i].due < h[j].due }
+func (h heldHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *heldHeap) Push(x any)        { *h = append(*h, x.(heldSession)) }
+func (h *heldHeap) Pop() any {
+	old := *h
+	n := len(old) - 1
+	x := old[n]
+	old[n] = heldSession{}
+	*h = old[:n]
+	return x
+}
