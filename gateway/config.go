@@ -156,7 +156,7 @@ type Config struct {
 	// writes rather than into seconds of latency. Nil means the Go
 	// runtime's /sched/latencies:seconds. With shared writers (Writers)
 	// the pacer adds the writer pool's own waits: paced sessions taken,
-	// and those taken 1 ms or more late.
+	// and those taken 5 ms or more late.
 	SchedWaits func() (long, total uint64)
 
 	// MaxSubscriptions caps active subscriptions per session.

@@ -32,7 +32,7 @@ import (
 // writers readied faster than they run, or other processes taking the
 // cores), averaged over the last few ticks, above 40%. With shared
 // writers (writerPool) the waits also count every paced session the pool
-// took, and as long those it took a millisecond or more after it was due:
+// took, and as long those it took 5 ms or more after it was due:
 // sessions waiting for a writer are no longer goroutines the scheduler
 // sees. Then the node
 // counts as busy whatever its CPU and rate, and the delay may grow to

@@ -34,7 +34,7 @@ type writerPool struct {
 	wg       sync.WaitGroup
 
 	mu    sync.Mutex
-	late  uint64     // guarded by mu: held sessions taken longWait or more after due
+	late  uint64     // guarded by mu: held sessions taken poolLateWait or more after due
 	taken uint64     // guarded by mu: held sessions taken
 	ready []*session // guarded by mu: ready[head:] in arrival order
 	head  int        // guarded by mu
@@ -117,8 +117,18 @@ func (w *poolWorker) signal() {
 	}
 }
 
+// poolLateWait is how late a held session must be taken to count as a long
+// wait. It is longer than the scheduler's longWait because the pool counts
+// every turn, not a sample, and sessions written together come due
+// together and queue for the workers for a few milliseconds at ordinary
+// load: at 1 ms the topics benchmark (50,000 publishes a second to 1,000
+// sessions, a node at 0.7 cores) counted 36 overloaded ticks in a run, at
+// 5 ms none, while 5,000 × 100 still counted 113-127 (docs/benchmarks.md,
+// "Shared writers").
+const poolLateWait = 5 * time.Millisecond
+
 // waits counts the held sessions taken since the pool started (total) and
-// those taken longWait or more after they were due (long): the pool's
+// those taken poolLateWait or more after they were due (long): the pool's
 // counterpart of the runtime's scheduling waits, which the pacer's overload
 // test reads (see pacer). Held sessions are taken before ready ones, so one
 // taken late means the workers (or the cores under them) are saturated;
@@ -140,7 +150,7 @@ func (p *writerPool) next(w *poolWorker, t *time.Timer) (s *session, due bool) {
 		if len(p.held) > 0 && p.held[0].due <= n {
 			h := heap.Pop(&p.held).(heldSession)
 			p.taken++
-			if n-h.due >= int64(longWait) {
+			if n-h.due >= int64(poolLateWait) {
 				p.late++
 			}
 			p.mu.Unlock()
