@@ -14,13 +14,13 @@
 // to send, one writer (which owns the connection's write side). They meet
 // at a bounded send queue. On a TCP or Unix socket (on Linux, macOS and
 // OpenBSD) the writer is a turn of a shared writerPool worker
-// (Config.Writers, one per core), which never waits on a socket: what would
-// wait (a full socket, a ping, the close, a control frame the reader is
-// writing) moves to a goroutine of the session's own, which is the writer
-// on connections that cannot be written without waiting (TLS, other
-// systems). Publishers never block on a
-// session: a session whose queue overflows is closed with 4001 (slow
-// consumer).
+// (Config.Writers, one per core by default), which never waits on a
+// socket: what would wait (a full socket, a ping, the close, a control
+// frame the reader is writing) moves to a goroutine of the session's own,
+// which is the writer on connections that cannot be written without
+// waiting (TLS, other systems) or when Writers is negative. Publishers
+// never block on a session: a session whose queue overflows is closed
+// with 4001 (slow consumer).
 //
 // # Broadcast
 //

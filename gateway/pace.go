@@ -30,18 +30,19 @@ import (
 // from the node's own CPU: the share of scheduling waits of about a
 // millisecond or more (runnable goroutines queueing for the cores:
 // writers readied faster than they run, or other processes taking the
-// cores), averaged over the last few ticks, above 40%. With shared
-// writers (writerPool) the waits also count every paced session the pool
-// took, and as long those it took 5 ms or more after it was due:
-// sessions waiting for a writer are no longer goroutines the scheduler
-// sees. Then the node
-// counts as busy whatever its CPU and rate, and the delay may grow to
-// twice MaxWriteDelay; once the overload ends it eases back to
-// MaxWriteDelay by a quarter per tick. On the benchmark machine, 5,000
-// subscribers × 100 msg/s (500,000 deliveries a second on 2 cores) had a
-// median tick share of 51% (quartiles 35-67%) and a p99 of seconds at the
-// 50 ms bound; 1,000 × 1,000 had 24% (13-41%, so it is sometimes judged
-// overloaded too) and the topics run 21% (11-34%) (docs/benchmarks.md).
+// cores), averaged over the last few ticks, above 40%. While overloaded
+// the node counts as busy whatever its CPU and rate, and the delay may
+// grow to twice MaxWriteDelay; once the overload ends it eases back to
+// MaxWriteDelay by a quarter per tick. On the benchmark machine, with a
+// goroutine per busy session, 5,000 subscribers × 100 msg/s (500,000
+// deliveries a second on 2 cores) had a median tick share of 51%
+// (quartiles 35-67%) and a p99 of seconds at the 50 ms bound; 1,000 ×
+// 1,000 had 24% (13-41%, so it is sometimes judged overloaded too) and the
+// topics run 21% (11-34%) (docs/benchmarks.md). With shared writers
+// (writerPool) sessions waiting for a writer are no longer goroutines the
+// scheduler sees, so the waits also count every paced session the pool
+// took, as long those it took poolLateWait (5 ms) or more after it was
+// due.
 type pacer struct {
 	budget     float64 // writes per second
 	cpuShare   float64 // busy above this share of the cores
@@ -62,7 +63,8 @@ const (
 	pacerTick     = 50 * time.Millisecond
 	pacerMinDelay = time.Millisecond
 
-	// overloadShare is the share of scheduling waits over longWait,
+	// overloadShare is the share of scheduling waits over longWait
+	// (poolLateWait for the pool's turns),
 	// averaged with weight shareWeight for the newest tick, above which
 	// the node is overloaded; overloadFactor is how far past
 	// MaxWriteDelay the delay may then grow.
@@ -127,7 +129,7 @@ func (p *pacer) run() {
 }
 
 // overloaded folds a tick with total scheduling waits, long of them over
-// longWait, into the moving average and reports whether it shows the node
+// longWait (poolLateWait for the pool's turns), into the moving average and reports whether it shows the node
 // overloaded. A tick with fewer than minWaits waits counts the missing
 // ones as short: the runtime samples about one wait in eight, so a quiet
 // node reports almost none, and its average must still fall.

@@ -8,7 +8,8 @@ import (
 )
 
 // writerPool writes for the sessions whose connection can be written
-// without waiting (TCP; see corkConn.uncork): a few worker goroutines, one
+// without waiting (TCP or Unix sockets on Linux, macOS and OpenBSD; see
+// corkConn.nonBlocking): a few worker goroutines, one
 // per core by default, take sessions with frames to send in the order they
 // became ready, write each one's queue (in as few messages as
 // MaxBatchBytes allows), and put it back in line if more came meanwhile.
@@ -119,12 +120,13 @@ func (w *poolWorker) signal() {
 
 // poolLateWait is how late a held session must be taken to count as a long
 // wait. It is longer than the scheduler's longWait because the pool counts
-// every turn, not a sample, and sessions written together come due
+// every turn (the runtime samples about one wait in eight, so the pool's
+// turns dominate the share), and sessions written together come due
 // together and queue for the workers for a few milliseconds at ordinary
 // load: at 1 ms the topics benchmark (50,000 publishes a second to 1,000
-// sessions, a node at 0.7 cores) counted 36 overloaded ticks in a run, at
-// 5 ms none, while 5,000 × 100 still counted 113-127 (docs/benchmarks.md,
-// "Shared writers").
+// sessions, a node at about 0.75 cores) counted 36 overloaded ticks in a
+// run, at 5 ms none, while 5,000 × 100 still counted 113 and 127
+// (docs/benchmarks.md, "Shared writers").
 const poolLateWait = 5 * time.Millisecond
 
 // waits counts the held sessions taken since the pool started (total) and

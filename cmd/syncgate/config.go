@@ -195,7 +195,7 @@ var settings = []setting{
 			c.Gateway.MaxWriteDelay = d
 			return nil
 		}},
-	{"writers", "SYNCGATE_WRITERS", "auto", "goroutines that write for sessions on TCP connections, taking busy sessions in turn (auto: one per core; off: a goroutine per busy session, as TLS connections, and all on systems other than Linux, macOS and OpenBSD, always have)",
+	{"writers", "SYNCGATE_WRITERS", "auto", "goroutines that write for sessions on TCP and Unix-socket connections, taking busy sessions in turn (auto: one per core; off: a goroutine per busy session, as TLS connections, and all on systems other than Linux, macOS and OpenBSD, always have)",
 		func(c *config, v string) error {
 			switch v {
 			case "auto":
