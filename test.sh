@@ -37,6 +37,9 @@ go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 step "go test -race"
 go test -race -count=1 -timeout 12m ./...
 
+step "allocation tests (without -race, under which sync.Pool drops items)"
+go test -count=1 -run 'NoAllocs$' ./gateway
+
 step "drain end-to-end at full size (2,000 sessions; -race runs 200)"
 go test -count=1 -run '^TestStorm_Drain$' ./cmd/syncgate
 

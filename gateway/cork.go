@@ -40,7 +40,8 @@ type corkConn struct {
 	mu       sync.Mutex
 	corked   bool        // guarded by mu
 	pending  bool        // guarded by mu: parts start with the unwritten rest of a message (an owned copy)
-	small    []byte      // guarded by mu: copies of short writes, pooled while corked
+	small    []byte      // guarded by mu: copies of short writes
+	smallBuf *[]byte     // guarded by mu: the pooled buffer small started in, returned at uncork
 	parts    net.Buffers // guarded by mu: pending writes in order
 	deadline time.Time   // guarded by mu: the write deadline last set
 }
@@ -100,8 +101,9 @@ func (c *corkConn) Write(p []byte) (int, error) {
 		c.parts = append(c.parts, p)
 		return len(p), nil
 	}
-	if c.small == nil {
-		c.small = (*corkBufPool.Get().(*[]byte))[:0]
+	if c.smallBuf == nil {
+		c.smallBuf = corkBufPool.Get().(*[]byte)
+		c.small = (*c.smallBuf)[:0]
 	}
 	start := len(c.small)
 	if cap(c.small)-start < len(p) {
@@ -143,13 +145,12 @@ func (c *corkConn) uncork(wait bool) (blocked bool, err error) {
 	if !blocked {
 		c.resetPartsLocked()
 	}
-	if c.small != nil {
-		if cap(c.small) == 2*writeBufferSize {
-			b := c.small[:0]
-			corkBufPool.Put(&b)
-		}
-		c.small = nil
+	// Everything small held is written or copied: its buffer goes back.
+	if c.smallBuf != nil {
+		corkBufPool.Put(c.smallBuf)
+		c.smallBuf = nil
 	}
+	c.small = nil
 	return blocked, err
 }
 
@@ -181,7 +182,7 @@ func (c *corkConn) writeAllLocked() error {
 func (c *corkConn) writeNowLocked() (blocked bool, err error) {
 	bufs := c.parts // advanced as written; c.parts keeps its array for reuse
 	for len(bufs) > 0 {
-		n, full, err := writevNow(c.raw, bufs)
+		n, full, err := c.writevNowLocked(bufs)
 		advance(&bufs, n)
 		if err != nil {
 			c.resetPartsLocked()

@@ -10,7 +10,7 @@ import (
 // rawConnOf returns nil: on this system every write waits (writeLoop).
 func rawConnOf(net.Conn) syscall.RawConn { return nil }
 
-// writevNow is never called when rawConnOf returns nil.
-func writevNow(syscall.RawConn, [][]byte) (int, bool, error) {
-	panic("gateway: writevNow without a raw connection")
+// writevNowLocked is never called when rawConnOf returns nil.
+func (c *corkConn) writevNowLocked([][]byte) (int, bool, error) {
+	panic("gateway: a write without waiting on a system without them")
 }

@@ -5,6 +5,7 @@ package gateway
 import (
 	"net"
 	"os"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -30,19 +31,41 @@ func rawConnOf(c net.Conn) syscall.RawConn {
 	return raw
 }
 
-// writevNow writes bufs to raw in one writev that does not wait: n is what
-// the socket took, full reports that its buffer had no room for the rest.
-func writevNow(raw syscall.RawConn, bufs [][]byte) (n int, full bool, err error) {
-	var werr error
-	err = raw.Write(func(fd uintptr) bool {
+// rawWritev is one writev that does not wait, as a function RawConn.Write
+// can call. They are pooled so that a write allocates no closure and its
+// variables, and an idle connection holds none.
+type rawWritev struct {
+	bufs [][]byte
+	n    int
+	err  error
+	fn   func(fd uintptr) bool
+}
+
+var rawWritevPool = sync.Pool{New: func() any { return newRawWritev() }}
+
+func newRawWritev() *rawWritev {
+	w := &rawWritev{}
+	w.fn = func(fd uintptr) bool {
 		for {
-			n, werr = unix.Writev(int(fd), bufs)
-			if werr != unix.EINTR {
+			w.n, w.err = unix.Writev(int(fd), w.bufs)
+			if w.err != unix.EINTR {
 				return true // one try: never wait for the socket here
 			}
 		}
-	})
-	n = max(n, 0)
+	}
+	return w
+}
+
+// writevNowLocked writes bufs to the socket in one writev that does not
+// wait: n is what the socket took, full reports that its buffer had no room
+// for the rest.
+func (c *corkConn) writevNowLocked(bufs [][]byte) (n int, full bool, err error) {
+	w := rawWritevPool.Get().(*rawWritev)
+	w.bufs = bufs
+	err = c.raw.Write(w.fn)
+	n, werr := max(w.n, 0), w.err
+	w.bufs, w.n, w.err = nil, 0, nil
+	rawWritevPool.Put(w)
 	switch {
 	case err != nil:
 	case werr == unix.EAGAIN:
