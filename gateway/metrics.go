@@ -67,6 +67,7 @@ type metrics struct {
 	writeDelay        prometheus.Gauge
 	overloadTicks     prometheus.Counter
 	writesBlocked     prometheus.Counter
+	writerStalls      prometheus.Counter
 	tailers           prometheus.Gauge
 	resumes           map[string]prometheus.Counter
 	replayed          prometheus.Counter
@@ -123,6 +124,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		}),
 		writesBlocked: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "syncgate_writes_blocked_total", Help: "Messages a shared writer could not hand to the socket at once (the peer's buffers were full): the session's own goroutine finished each, waiting up to write-timeout.",
+		}),
+		writerStalls: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "syncgate_writer_stalls_total", Help: "Shared writer turns that lasted over 100 ms (a write waiting on coder/websocket's lock behind a control frame the reader was writing to a full socket); each time another writer was started in the stuck one's place.",
 		}),
 		writeDelay: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "syncgate_write_delay_seconds", Help: "Current pacing delay between a busy session's writes (0 while under the write budget).",
@@ -182,7 +186,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		m.closes[r] = closes.WithLabelValues(r.String())
 	}
 	reg.MustRegister(m.sessions, m.accepted, rejected, m.draining, framesIn, framesOut, m.badFrames, m.framesRateLimited,
-		m.errorsByCode, m.bytesIn, m.bytesOut, m.messagesOut, drops, closes, m.deliveryLatency, m.publishes, m.writeDelay, m.overloadTicks, m.writesBlocked,
+		m.errorsByCode, m.bytesIn, m.bytesOut, m.messagesOut, drops, closes, m.deliveryLatency, m.publishes, m.writeDelay, m.overloadTicks, m.writesBlocked, m.writerStalls,
 		m.tailers, m.replayed, resumes, m.tokenRefreshes)
 	reg.MustRegister(m.presenceDiffs, m.presenceRejoins)
 	return m

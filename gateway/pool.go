@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -27,36 +28,98 @@ import (
 // we write) is finished by a goroutine of the session's own (writeLoop),
 // so one slow peer never stalls a worker; so are pings (which wait for the
 // pong), the close, and a turn that finds the reader writing a control
-// frame (corkConn.busy).
+// frame (corkConn.busy). Should a turn still wait (see stuckTurn), watch
+// starts another worker in its place.
 type writerPool struct {
 	epoch    time.Time     // due times are monotonic nanoseconds since epoch
 	stop     chan struct{} // closed by close: idle workers exit
 	stopOnce sync.Once
 	wg       sync.WaitGroup
+	stalled  func() // called when a turn outlives stuckTurn; may be nil
 
-	mu    sync.Mutex
-	late  uint64     // guarded by mu: held sessions taken poolLateWait or more after due
-	taken uint64     // guarded by mu: held sessions taken
-	ready []*session // guarded by mu: ready[head:] in arrival order
-	head  int        // guarded by mu
-	held  heldHeap   // guarded by mu: paced sessions by due time
-	idle  []*poolWorker
+	mu     sync.Mutex
+	late   uint64     // guarded by mu: held sessions taken poolLateWait or more after due
+	taken  uint64     // guarded by mu: held sessions taken
+	ready  []*session // guarded by mu: ready[head:] in arrival order
+	head   int        // guarded by mu
+	held   heldHeap   // guarded by mu: paced sessions by due time
+	idle   []*poolWorker
+	all    []*poolWorker // guarded by mu: every running worker, for watch
+	stalls int           // guarded by mu: workers watch replaced
 }
+
+// stuckTurn is how long a worker's turn may last before the pool starts
+// another worker in its place. A turn never waits on a socket, but it
+// takes coder/websocket's write locks, which the reader holds while it
+// writes a pong or a close echo; if that write waits on a full socket
+// (a pong started between the turn's busy check and its write), so does
+// the turn, up to WriteTimeout. The stuck worker retires when its turn
+// ends, so the pool is back to its size.
+const stuckTurn = 100 * time.Millisecond
 
 // poolWorker is one worker's wake-up line: whoever takes an idle worker
 // off the pool's idle list sends on wake.
 type poolWorker struct {
-	wake chan struct{}
-	idle bool // guarded by the pool's mu: on the idle list
+	wake      chan struct{}
+	turnStart atomic.Int64 // nanoseconds since the pool's epoch when the current turn began, plus one; 0 between turns
+	idle      bool         // guarded by the pool's mu: on the idle list
+	replaced  bool         // guarded by the pool's mu: watch started another in its place
 }
 
-func newWriterPool(workers int) *writerPool {
-	p := &writerPool{epoch: time.Now(), stop: make(chan struct{})}
+func newWriterPool(workers int, stalled func()) *writerPool {
+	p := &writerPool{epoch: time.Now(), stop: make(chan struct{}), stalled: stalled}
+	p.mu.Lock()
 	for range workers {
-		w := &poolWorker{wake: make(chan struct{}, 1)}
-		p.wg.Go(func() { p.work(w) })
+		p.startLocked()
 	}
+	p.mu.Unlock()
+	p.wg.Go(p.watch)
 	return p
+}
+
+func (p *writerPool) startLocked() {
+	w := &poolWorker{wake: make(chan struct{}, 1)}
+	p.all = append(p.all, w)
+	p.wg.Go(func() { p.work(w) })
+}
+
+// watch starts a worker in place of each one whose turn has lasted longer
+// than stuckTurn, until the pool is closed.
+func (p *writerPool) watch() {
+	t := time.NewTicker(stuckTurn / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+		}
+		now := int64(time.Since(p.epoch))
+		p.mu.Lock()
+		for _, w := range p.all {
+			if start := w.turnStart.Load(); start != 0 && !w.replaced && now-(start-1) > int64(stuckTurn) {
+				w.replaced = true
+				p.stalls++
+				p.startLocked()
+				if p.stalled != nil {
+					p.stalled()
+				}
+			}
+		}
+		p.mu.Unlock()
+	}
+}
+
+// retire reports whether w was replaced while its turn was stuck, and if
+// so takes it off the pool: it must exit.
+func (p *writerPool) retire(w *poolWorker) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !w.replaced {
+		return false
+	}
+	p.all = slices.DeleteFunc(p.all, func(x *poolWorker) bool { return x == w })
+	return true
 }
 
 // close stops the workers once they are idle. The server calls it after
@@ -221,7 +284,12 @@ func (p *writerPool) work(w *poolWorker) {
 		if s == nil {
 			return
 		}
+		w.turnStart.Store(int64(time.Since(p.epoch)) + 1)
 		batch = s.writeTurn(batch, due)
+		w.turnStart.Store(0)
+		if p.retire(w) {
+			return
+		}
 	}
 }
 

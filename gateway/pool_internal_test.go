@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/syncgate/syncgate/internal/gwtest"
 )
 
 // TestWriterPool_HoldsUntilDue: a session the pool holds is written once
@@ -48,4 +50,68 @@ func TestWriterPool_HoldsUntilDue(t *testing.T) {
 	if _, total := srv.pool.waits(); total != 1 {
 		t.Fatalf("pool counted %d held turns, want 1", total)
 	}
+}
+
+// TestWriterPool_ReplacesAStuckWorker: a turn that cannot go on (here the
+// connection's lock is held by the test, as a reader writing a pong to a
+// full socket would hold coder/websocket's) makes the pool start another
+// worker, so other sessions are still written; when the stuck turn ends
+// its worker retires and the pool is back to its size.
+func TestWriterPool_ReplacesAStuckWorker(t *testing.T) {
+	srv, err := New(Config{Writers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown(context.Background())
+	stuckSC, stuckRaw, stuckCC := connPair(t)
+	stuck := newSession(context.Background(), srv, stuckSC, stuckRaw, "stuck", "test")
+	otherSC, otherRaw, otherCC := connPair(t)
+	other := newSession(context.Background(), srv, otherSC, otherRaw, "other", "test")
+	if !stuck.pooled || !other.pooled {
+		t.Skip("no shared writers on this system")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	stuck.netConn.mu.Lock() // the only worker's turn at stuck waits for this
+	locked := true
+	defer func() {
+		if locked {
+			stuck.netConn.mu.Unlock()
+		}
+	}()
+	stuck.enqueue(outItem{body: []byte(`{"s":1}`), kind: idxPatch})
+	// The turn has no event to wait on: poll with a deadline.
+	gwtest.Eventually(t, 5*time.Second, "the worker takes the stuck session", func() bool { return stuckTurnStarted(srv.pool) })
+	other.enqueue(outItem{body: []byte(`{"o":1}`), kind: idxPatch})
+	if _, msg, err := otherCC.Read(ctx); err != nil || string(msg) != `{"o":1}` {
+		t.Fatalf("other session while a worker is stuck: %q, %v", msg, err)
+	}
+
+	stuck.netConn.mu.Unlock()
+	locked = false
+	if _, msg, err := stuckCC.Read(ctx); err != nil || string(msg) != `{"s":1}` {
+		t.Fatalf("stuck session after its lock was released: %q, %v", msg, err)
+	}
+	workers := func() (n, stalls int) {
+		srv.pool.mu.Lock()
+		defer srv.pool.mu.Unlock()
+		return len(srv.pool.all), srv.pool.stalls
+	}
+	gwtest.Eventually(t, 5*time.Second, "the stuck worker retires", func() bool { n, _ := workers(); return n == 1 })
+	if _, stalls := workers(); stalls != 1 {
+		t.Fatalf("%d stalls counted, want 1", stalls)
+	}
+}
+
+// stuckTurnStarted reports whether some worker of p is in a turn.
+func stuckTurnStarted(p *writerPool) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, w := range p.all {
+		if w.turnStart.Load() != 0 {
+			return true
+		}
+	}
+	return false
 }

@@ -118,7 +118,7 @@ func New(cfg Config) (*Server, error) {
 	s.metrics = newMetrics(reg)
 	pcfg := cfg
 	if cfg.Writers > 0 {
-		s.pool = newWriterPool(cfg.Writers)
+		s.pool = newWriterPool(cfg.Writers, s.metrics.writerStalls.Inc)
 		// With shared writers, sessions waiting for one no longer show as
 		// runnable goroutines: the pool's late turns count as waits too.
 		pcfg.SchedWaits = func() (long, total uint64) {
