@@ -126,7 +126,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name: "syncgate_writes_blocked_total", Help: "Messages a shared writer could not hand to the socket at once (the peer's buffers were full): the session's own goroutine finished each, waiting up to write-timeout.",
 		}),
 		writerStalls: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "syncgate_writer_stalls_total", Help: "Shared writer turns that lasted over 100 ms (a write waiting on coder/websocket's lock behind a control frame the reader was writing to a full socket); each time another writer was started in the stuck one's place.",
+			Name: "syncgate_writer_stalls_total", Help: "Shared writer turns that lasted over 100 ms (a write waiting on coder/websocket's lock behind a control frame the reader was writing to a full socket); each time another writer was started in the stuck one's place (at most twice -writers at once). Waits for a core count too.",
 		}),
 		writeDelay: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "syncgate_write_delay_seconds", Help: "Current pacing delay between a busy session's writes (0 while under the write budget).",

@@ -38,14 +38,15 @@ type writerPool struct {
 	stalled  func() // called when a turn outlives stuckTurn; may be nil
 
 	mu     sync.Mutex
-	late   uint64     // guarded by mu: held sessions taken poolLateWait or more after due
-	taken  uint64     // guarded by mu: held sessions taken
-	ready  []*session // guarded by mu: ready[head:] in arrival order
-	head   int        // guarded by mu
-	held   heldHeap   // guarded by mu: paced sessions by due time
-	idle   []*poolWorker
+	late   uint64        // guarded by mu: held sessions taken poolLateWait or more after due
+	taken  uint64        // guarded by mu: held sessions taken
+	ready  []*session    // guarded by mu: ready[head:] in arrival order
+	head   int           // guarded by mu
+	held   heldHeap      // guarded by mu: paced sessions by due time
+	idle   []*poolWorker // guarded by mu
 	all    []*poolWorker // guarded by mu: every running worker, for watch
 	stalls int           // guarded by mu: workers watch replaced
+	size   int           // static: the workers asked for; watch keeps at most twice as many
 }
 
 // stuckTurn is how long a worker's turn may last before the pool starts
@@ -62,12 +63,12 @@ const stuckTurn = 100 * time.Millisecond
 type poolWorker struct {
 	wake      chan struct{}
 	turnStart atomic.Int64 // nanoseconds since the pool's epoch when the current turn began, plus one; 0 between turns
+	replaced  atomic.Bool  // set (under the pool's mu) when watch started another in its place
 	idle      bool         // guarded by the pool's mu: on the idle list
-	replaced  bool         // guarded by the pool's mu: watch started another in its place
 }
 
 func newWriterPool(workers int, stalled func()) *writerPool {
-	p := &writerPool{epoch: time.Now(), stop: make(chan struct{}), stalled: stalled}
+	p := &writerPool{epoch: time.Now(), stop: make(chan struct{}), stalled: stalled, size: workers}
 	p.mu.Lock()
 	for range workers {
 		p.startLocked()
@@ -84,7 +85,9 @@ func (p *writerPool) startLocked() {
 }
 
 // watch starts a worker in place of each one whose turn has lasted longer
-// than stuckTurn, until the pool is closed.
+// than stuckTurn, until the pool is closed, keeping at most twice the
+// pool's size. (A turn's time also counts waits for a core: on a starved
+// node a worker may be replaced that was only slow.)
 func (p *writerPool) watch() {
 	t := time.NewTicker(stuckTurn / 2)
 	defer t.Stop()
@@ -97,8 +100,11 @@ func (p *writerPool) watch() {
 		now := int64(time.Since(p.epoch))
 		p.mu.Lock()
 		for _, w := range p.all {
-			if start := w.turnStart.Load(); start != 0 && !w.replaced && now-(start-1) > int64(stuckTurn) {
-				w.replaced = true
+			if len(p.all) >= 2*p.size {
+				break
+			}
+			if start := w.turnStart.Load(); start != 0 && !w.replaced.Load() && now-(start-1) > int64(stuckTurn) {
+				w.replaced.Store(true)
 				p.stalls++
 				p.startLocked()
 				if p.stalled != nil {
@@ -113,11 +119,11 @@ func (p *writerPool) watch() {
 // retire reports whether w was replaced while its turn was stuck, and if
 // so takes it off the pool: it must exit.
 func (p *writerPool) retire(w *poolWorker) bool {
+	if !w.replaced.Load() {
+		return false // the common case, without the pool's lock
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !w.replaced {
-		return false
-	}
 	p.all = slices.DeleteFunc(p.all, func(x *poolWorker) bool { return x == w })
 	return true
 }

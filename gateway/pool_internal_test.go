@@ -99,8 +99,10 @@ func TestWriterPool_ReplacesAStuckWorker(t *testing.T) {
 		return len(srv.pool.all), srv.pool.stalls
 	}
 	gwtest.Eventually(t, 5*time.Second, "the stuck worker retires", func() bool { n, _ := workers(); return n == 1 })
-	if _, stalls := workers(); stalls != 1 {
-		t.Fatalf("%d stalls counted, want 1", stalls)
+	// At least the stuck turn (on a very slow machine the replacement's
+	// own turn could outlast stuckTurn too).
+	if _, stalls := workers(); stalls < 1 {
+		t.Fatalf("%d stalls counted, want at least 1", stalls)
 	}
 }
 
