@@ -711,6 +711,12 @@ func TestPersisted_ResetWhileReplaying(t *testing.T) {
 	r := gwtest.Dial(t, n.url, nil)
 	r.Hello("", 0)
 	sendResume(r, "s", topic, storage.ZeroOffset)
+	// The ack says the resume was taken before the log is replaced; without
+	// waiting for it, a slow server may take the resume after the delete.
+	if ack := gwtest.Expect[*frames.Ack](r); ack.Ref != "s" || ack.Error != nil {
+		t.Fatalf("resume ack %+v %+v", ack, ack.Error)
+	}
+	gwtest.Expect[*frames.Snapshot](r)
 
 	// The replay is stalled now or soon; replace the log under it. The
 	// live subscriber shows when the tailer has reset and read the new log.
@@ -719,10 +725,6 @@ func TestPersisted_ResetWhileReplaying(t *testing.T) {
 	streamRequest(t, n, http.MethodPost, topic, `[{"new":0},{"new":1},{"new":2},{"new":3},{"new":4}]`)
 	_, newDigest, newOps := resetThenCollect(t, live, "l", 5)
 
-	if ack := gwtest.Expect[*frames.Ack](r); ack.Ref != "s" || ack.Error != nil {
-		t.Fatalf("resume ack %+v", ack)
-	}
-	gwtest.Expect[*frames.Snapshot](r)
 	old := 0
 	for {
 		f := r.Next()
