@@ -345,6 +345,33 @@ func TestClient_PublishAsync_InOrder(t *testing.T) {
 	}
 }
 
+// Data that is not JSON fails PublishAsync before anything is sent: done
+// is never called, no seq is used (the fake checks the next one), and the
+// client goes on publishing.
+func TestClient_PublishAsync_BadData(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	c := dial(t, newFakeServer(t), nil)
+	for _, bad := range []string{`{"a":`, "\"\xff\"", `1 2`} {
+		err := c.PublishAsync(ctx, "room", json.RawMessage(bad), func(string, error) {
+			t.Errorf("done called for %q", bad)
+		})
+		if !errors.Is(err, frames.ErrUnencodable) {
+			t.Fatalf("PublishAsync(%q) = %v, want frames.ErrUnencodable", bad, err)
+		}
+	}
+	lsn := make(chan string, 1)
+	noErr(t, c.PublishAsync(ctx, "room", json.RawMessage(`{"ok":true}`), func(l string, err error) {
+		if err != nil {
+			t.Errorf("publish after the refused ones: %v", err)
+		}
+		lsn <- l
+	}))
+	if l := recv(t, ctx, lsn); l == "" {
+		t.Fatal("publish after the refused ones: no lsn")
+	}
+}
+
 func TestClient_PublishAsync_Concurrent(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)

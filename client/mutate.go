@@ -44,11 +44,10 @@ func (c *Client) Publish(ctx context.Context, topic string, data json.RawMessage
 // no seq and sent nothing. PublishAsync may be called from many goroutines;
 // seqs go on the wire in the order the calls take the send lock.
 func (c *Client) PublishAsync(ctx context.Context, topic string, data json.RawMessage, done func(lsn string, err error)) error {
-	input, err := frames.AppendPublishInput(nil, topic, data)
-	if err != nil {
-		return fmt.Errorf("client: %w", err)
+	encode := func(key string, seq int64) ([]byte, error) {
+		return frames.AppendPublishMutate(make([]byte, 0, mutateRoom+len(key)+len(topic)+len(data)), key, seq, topic, data)
 	}
-	_, err = c.sendMutate(ctx, MutationPublish, input, func(a *frames.Ack, err error) {
+	_, err := c.sendMutate(ctx, encode, func(a *frames.Ack, err error) {
 		if err == nil {
 			err = ackError(a)
 		}
@@ -75,7 +74,10 @@ func (c *Client) Mutate(ctx context.Context, name string, input json.RawMessage)
 		err error
 	}
 	resc := make(chan result, 1)
-	m, err := c.sendMutate(ctx, name, input, func(a *frames.Ack, err error) {
+	encode := func(key string, seq int64) ([]byte, error) {
+		return frames.AppendEncode(make([]byte, 0, mutateRoom+len(key)+len(name)+len(input)), &frames.Mutate{Key: key, Seq: seq, Name: name, Input: input})
+	}
+	m, err := c.sendMutate(ctx, encode, func(a *frames.Ack, err error) {
 		resc <- result{a, err}
 	})
 	if err != nil {
@@ -96,16 +98,21 @@ func (c *Client) Mutate(ctx context.Context, name string, input json.RawMessage)
 	return r.ack, ackError(r.ack)
 }
 
+// mutateRoom is what a mutate frame needs besides its key, name and input
+// (and a publish input's topic and data), so that encoding it allocates
+// once.
+const mutateRoom = 96
+
 // sendMutate waits for room in the current connection's write queue,
-// assigns the next seq and its key, records the mutation with fn as its
-// ack waiter and queues it on the connection, all under the send lock, so
-// seqs reach the wire in order. If it returns an error, fn is never
-// called.
+// assigns the next seq and its key, encodes the mutate with them, records
+// the mutation with fn as its ack waiter and queues it on the connection,
+// all under the send lock, so seqs reach the wire in order. If it returns
+// an error, fn is never called; if encode fails, the seq is not used.
 //
 // With Reconnect a connection whose writes have stopped, or no
 // connection, is not an error: the mutation is re-sent on the next
 // connection.
-func (c *Client) sendMutate(ctx context.Context, name string, input json.RawMessage, fn func(*frames.Ack, error)) (*mutation, error) {
+func (c *Client) sendMutate(ctx context.Context, encode func(key string, seq int64) ([]byte, error), fn func(*frames.Ack, error)) (*mutation, error) {
 	if err := c.lockSend(ctx); err != nil {
 		return nil, err
 	}
@@ -116,7 +123,7 @@ func (c *Client) sendMutate(ctx context.Context, name string, input json.RawMess
 
 	seq := c.seq
 	key := c.keyPrefix + strconv.FormatInt(seq, 10)
-	msg, err := frames.AppendEncode(nil, &frames.Mutate{Key: key, Seq: seq, Name: name, Input: input})
+	msg, err := encode(key, seq)
 	if err != nil {
 		return nil, fmt.Errorf("client: encode mutate: %w", err) // seq not used
 	}

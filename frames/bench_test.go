@@ -185,6 +185,36 @@ func BenchmarkEncode_Mutate(b *testing.B) {
 	}
 }
 
+// BenchmarkEncode_PublishMutate is the same frame as the Go client's
+// PublishAsync builds it: input and mutate in one pass, into one slice
+// sized for it.
+func BenchmarkEncode_PublishMutate(b *testing.B) {
+	data := json.RawMessage(`{"t":1764467000000000000,"pad":"` + strings.Repeat("x", 60) + `"}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := AppendPublishMutate(make([]byte, 0, 96+11+15+len(data)), "s-5c1e:1234", 1234, "bench:topics:42", data); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkEncode_PublishTwoPass is the same frame built as the Go client
+// built it before AppendPublishMutate: the input, then the mutate around
+// it, each into a new slice, data checked twice.
+func BenchmarkEncode_PublishTwoPass(b *testing.B) {
+	data := json.RawMessage(`{"t":1764467000000000000,"pad":"` + strings.Repeat("x", 60) + `"}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		input, err := AppendPublishInput(nil, "bench:topics:42", data)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := AppendEncode(nil, &Mutate{Key: "s-5c1e:1234", Seq: 1234, Name: "publish", Input: input}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkEncode_Mutate_std is the same mutate through encoding/json.
 func BenchmarkEncode_Mutate_std(b *testing.B) {
 	m := benchMutate(b)

@@ -246,6 +246,24 @@ func AppendPublishInput(dst []byte, topic string, data json.RawMessage) ([]byte,
 	return append(out, '}'), nil
 }
 
+// AppendPublishMutate appends the mutate frame of the built-in "publish"
+// mutation with the given key and seq and the input AppendPublishInput
+// makes of topic and data: the bytes AppendEncode writes for that Mutate,
+// built in one pass with data checked once. It fails, returning dst
+// unchanged, if data is not one valid JSON value in UTF-8.
+func AppendPublishMutate(dst []byte, key string, seq int64, topic string, data json.RawMessage) ([]byte, error) {
+	out := append(dst, `{"type":"mutate","v":1,"key":`...)
+	out = appendString(out, key)
+	out = append(out, `,"seq":`...)
+	out = strconv.AppendInt(out, seq, 10)
+	out = append(out, `,"name":"publish","input":`...)
+	out, err := AppendPublishInput(out, topic, data)
+	if err != nil {
+		return dst, err
+	}
+	return append(out, '}'), nil
+}
+
 // appendRawOrNull is appendRaw, with a nil raw written as null (as
 // encoding/json writes a nil RawMessage).
 func appendRawOrNull(dst, raw []byte) ([]byte, error) {

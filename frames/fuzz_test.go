@@ -182,7 +182,8 @@ func FuzzAppendString(f *testing.F) {
 
 // FuzzPublishInput compares AppendPublishInput with encoding/json (HTML
 // escaping off, as Encode), and checks that whatever it accepts is an
-// object with exactly the keys topic and data.
+// object with exactly the keys topic and data, and that
+// AppendPublishMutate writes the mutate AppendEncode makes of it.
 func FuzzPublishInput(f *testing.F) {
 	for _, s := range []string{`{"a":1}`, ` [1 , 2] `, `1,"topic":"x"`, `"\u2028<&>"`, "\"\xff\"", ``, `{} {}`} {
 		f.Add(tricky, []byte(s))
@@ -192,6 +193,9 @@ func FuzzPublishInput(f *testing.F) {
 		if err != nil {
 			if json.Valid(data) && utf8.Valid(data) {
 				t.Fatalf("AppendPublishInput(%q) refused valid data: %v", data, err)
+			}
+			if m, err := AppendPublishMutate([]byte("keep"), "k", 0, topic, data); err == nil || string(m) != "keep" {
+				t.Fatalf("AppendPublishMutate(%q) = %q, %v; want dst unchanged and an error", data, m, err)
 			}
 			return
 		}
@@ -213,6 +217,15 @@ func FuzzPublishInput(f *testing.F) {
 			return n == 1 && string(key) == "topic" || n == 2 && string(key) == "data"
 		}) || n != 2 {
 			t.Fatalf("AppendPublishInput = %s: not an object of topic and data", got)
+		}
+		// The one-pass mutate is the mutate of that input, byte for byte.
+		one, err := AppendPublishMutate([]byte("x"), "k:1", 7, topic, data)
+		if err != nil {
+			t.Fatalf("AppendPublishMutate refused what AppendPublishInput took: %v", err)
+		}
+		two, err := AppendEncode([]byte("x"), &Mutate{Key: "k:1", Seq: 7, Name: "publish", Input: got})
+		if err != nil || !bytes.Equal(one, two) {
+			t.Fatalf("AppendPublishMutate = %s, AppendEncode of the input %s (%v)", one, two, err)
 		}
 	})
 }
