@@ -117,3 +117,62 @@ func stuckTurnStarted(p *writerPool) bool {
 	}
 	return false
 }
+
+// TestWriterPool_YieldsAfterASlice: a worker whose turns have run for
+// workerSlice without a wait yields its core. The turn is made long by
+// holding the connection's lock (as in the test above) until the turn has
+// lasted a slice.
+func TestWriterPool_YieldsAfterASlice(t *testing.T) {
+	srv, err := New(Config{Writers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown(context.Background())
+	yielded := make(chan struct{}, 1)
+	srv.pool.yield = func() { // before any session: the worker reads it after a turn
+		select {
+		case yielded <- struct{}{}:
+		default:
+		}
+	}
+	sc, raw, cc := connPair(t)
+	s := newSession(context.Background(), srv, sc, raw, "id", "test")
+	if !s.pooled {
+		t.Skip("no shared writers on this system")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s.netConn.mu.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			s.netConn.mu.Unlock()
+		}
+	}()
+	s.enqueue(outItem{body: []byte(`{"long":true}`), kind: idxPatch})
+	// The turn has no event to wait on: poll with a deadline.
+	gwtest.Eventually(t, 5*time.Second, "the worker's turn lasts a slice", func() bool {
+		srv.pool.mu.Lock()
+		defer srv.pool.mu.Unlock()
+		start := srv.pool.all[0].turnStart.Load()
+		return start != 0 && time.Since(srv.pool.epoch)-time.Duration(start-1) >= workerSlice
+	})
+	s.netConn.mu.Unlock()
+	locked = false
+	if _, msg, err := cc.Read(ctx); err != nil || string(msg) != `{"long":true}` {
+		t.Fatalf("after the long turn: %q, %v", msg, err)
+	}
+	select {
+	case <-yielded:
+	case <-ctx.Done():
+		srv.pool.mu.Lock()
+		stalls := srv.pool.stalls
+		srv.pool.mu.Unlock()
+		if stalls > 0 {
+			// A machine so slow that the turn outlived stuckTurn: the
+			// worker was replaced and retired instead of yielding.
+			t.Skip("the turn outlived stuckTurn; the worker retired")
+		}
+		t.Fatal("the worker did not yield after a turn longer than a slice")
+	}
+}
