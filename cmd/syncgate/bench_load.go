@@ -100,13 +100,18 @@ func rowSendTime(row []byte) (int64, bool) {
 	if i < 0 {
 		return 0, false
 	}
-	i += len(rowTimeKey)
-	var t int64
+	t, _, ok := sendTimeAt(row, i+len(rowTimeKey))
+	return t, ok
+}
+
+// sendTimeAt reads the send time whose first digit is b[i]: 1 to 19
+// digits, ended by ',' or '}'. It returns the index past the digits.
+func sendTimeAt(b []byte, i int) (t int64, end int, ok bool) {
 	j := i
-	for ; j < len(row) && j-i < 19 && '0' <= row[j] && row[j] <= '9'; j++ {
-		t = t*10 + int64(row[j]-'0')
+	for ; j < len(b) && j-i < 19 && '0' <= b[j] && b[j] <= '9'; j++ {
+		t = t*10 + int64(b[j]-'0')
 	}
-	return t, j > i && j < len(row) && (row[j] == ',' || row[j] == '}')
+	return t, j, j > i && j < len(b) && (b[j] == ',' || b[j] == '}')
 }
 
 // benchSub is one subscriber session: it counts its deliveries and records

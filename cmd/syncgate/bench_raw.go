@@ -53,6 +53,12 @@ var (
 	rawPatchHead = append(frames.AppendPatchPrefix(nil, rawSID), `,"patches":[`...)
 	// patchTail follows the last op: the frame's lsn, then '}'.
 	patchTail = []byte(`],"lsn":`)
+	// The fixed parts of an insert op as scanOp reads it.
+	opInsert          = []byte(`{"op":"insert","id":`)
+	opRowID           = []byte(`,"row":{"id":`)
+	rowTimeKeyAfterID = []byte(`,` + string(rowTimeKey))
+	opLSN             = []byte(`},"lsn":"`)
+	opIndex           = []byte(`,"index":`)
 )
 
 // subConn is a subscriber's connection: a *client.Client (-subscriber
@@ -315,10 +321,11 @@ func (s *benchSub) handleLine(now int64, line []byte) {
 // scanPatch appends to ts the send time of every op in line, which must be
 // a whole patch frame laid out as the gateway encodes it and starting with
 // head (the frame's prefix for one sid, up to and including
-// ,"patches":[). Each op must carry a row whose data starts with the
-// bench's timestamp (see rowSendTime). It reports false for anything else
-// (another layout, another sid, an op without a time, a truncated line);
-// ts may then have been extended.
+// ,"patches":[). Each op must be an insert whose row is laid out as the
+// gateway lays out a topic message's, its data starting with the bench's
+// timestamp (see rowSendTime). It reports false for anything else
+// (another layout, another sid, another op, an op without a time, a
+// truncated line); ts may then have been extended.
 func scanPatch(line, head []byte, ts []int64) ([]int64, bool) {
 	if !bytes.HasPrefix(line, head) {
 		return ts, false
@@ -326,14 +333,7 @@ func scanPatch(line, head []byte, ts []int64) ([]int64, bool) {
 	i := len(head)
 	if i < len(line) && line[i] != ']' {
 		for {
-			if i >= len(line) || line[i] != '{' {
-				return ts, false
-			}
-			end := skipObject(line, i)
-			if end < 0 {
-				return ts, false
-			}
-			t, ok := rowSendTime(line[i:end])
+			t, end, ok := scanOp(line, i)
 			if !ok {
 				return ts, false
 			}
@@ -356,26 +356,67 @@ func scanPatch(line, head []byte, ts []int64) ([]int64, bool) {
 	return ts, j >= 0 && j == len(rest)-2 && rest[j+1] == '}'
 }
 
-// skipObject returns the index just past the JSON object starting at
-// b[i] ('{'), or -1 if it does not end within b. It balances braces and
-// brackets outside strings; it does not validate.
-func skipObject(b []byte, i int) int {
-	depth := 0
-	for j := i; j < len(b); j++ {
-		switch b[j] {
-		case '"':
-			if j = skipString(b, j); j < 0 {
-				return -1
-			}
-		case '{', '[':
-			depth++
-		case '}', ']':
-			if depth--; depth == 0 {
-				return j + 1
-			}
+// scanOp reads the op at b[i:] as the gateway lays out a topic message's
+// insert, {"op":"insert","id":<lsn>,"row":{"id":<lsn>,"data":{"t":<send
+// time>…},…},"lsn":<lsn>[,"index":<n>]}, and returns the send time and
+// the index just past the op. It checks the fixed parts and finds the
+// strings' ends, but it does not parse the rest of the row: at a million
+// deliveries a second, walking each row's JSON cost the bench half its
+// CPU. The row ends at the first },"lsn":" after the time, a sequence
+// that cannot lie inside a JSON string (its '"' follows a ',', which a
+// string would escape) and that the bench's own data does not hold.
+func scanOp(b []byte, i int) (t int64, end int, ok bool) {
+	if i = expect(b, i, opInsert); i < 0 || i >= len(b) || b[i] != '"' {
+		return 0, 0, false
+	}
+	if i = skipString(b, i); i < 0 { // the op's id
+		return 0, 0, false
+	}
+	if i = expect(b, i+1, opRowID); i < 0 || i >= len(b) || b[i] != '"' {
+		return 0, 0, false
+	}
+	if i = skipString(b, i); i < 0 { // the row's id
+		return 0, 0, false
+	}
+	if i = expect(b, i+1, rowTimeKeyAfterID); i < 0 {
+		return 0, 0, false
+	}
+	if t, i, ok = sendTimeAt(b, i); !ok {
+		return 0, 0, false
+	}
+	k := bytes.Index(b[i:], opLSN)
+	if k < 0 {
+		return 0, 0, false
+	}
+	i += k + len(opLSN) - 1 // the lsn's opening quote
+	if i = skipString(b, i); i < 0 {
+		return 0, 0, false
+	}
+	i++
+	if j := expect(b, i, opIndex); j >= 0 { // a query's row position
+		if j < len(b) && b[j] == '-' {
+			j++
+		}
+		i = j
+		for i < len(b) && '0' <= b[i] && b[i] <= '9' {
+			i++
+		}
+		if i == j {
+			return 0, 0, false
 		}
 	}
-	return -1
+	if i >= len(b) || b[i] != '}' {
+		return 0, 0, false
+	}
+	return t, i + 1, true
+}
+
+// expect returns the index past want if b[i:] starts with it, else -1.
+func expect(b []byte, i int, want []byte) int {
+	if i < 0 || i > len(b) || !bytes.HasPrefix(b[i:], want) {
+		return -1
+	}
+	return i + len(want)
 }
 
 // skipString returns the index of the quote that closes the JSON string

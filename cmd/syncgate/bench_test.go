@@ -448,12 +448,47 @@ func Test_scanPatch(t *testing.T) {
 		{"no time", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"id":"1","data":{"x":1}},"lsn":"1"}],"lsn":"1"}`), nil},
 		{"time too long", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"id":"1","data":{"t":12345678901234567890}},"lsn":"1"}],"lsn":"1"}`), nil},
 		{"not a patch", []byte(`{"type":"ack","v":1,"ref":"s1","lsn":null,"error":null}`), nil},
+		{"a delete op", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"id":"1","data":{"t":5}},"lsn":"1"},{"op":"delete","id":"2","row":{"id":"2","data":{"t":6}},"lsn":"2"}],"lsn":"2"}`), nil},
+		{"an op without a time", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"id":"1","data":{"t":5}},"lsn":"1"},{"op":"insert","id":"2","row":{"id":"2","data":{"x":6}},"lsn":"2"}],"lsn":"2"}`), nil},
+		{"a second time later in the row", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"id":"1","data":{"t":5},"x":{"data":{"t":6}}},"lsn":"1"}],"lsn":"1"}`), []int64{5}},
+		{"the row's fields in another order", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"data":{"t":5},"id":"1"},"lsn":"1"}],"lsn":"1"}`), nil},
+		{"a negative index", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"id":"1","data":{"t":5}},"lsn":"1","index":-2}],"lsn":"1"}`), []int64{5}},
+		{"an empty index", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"id":"1","data":{"t":5}},"lsn":"1","index":}],"lsn":"1"}`), nil},
+		{"an op in another layout", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"id":"1","data":{"t":5}},"lsn":"1"},{"id":"2","op":"insert","row":{"id":"2","data":{"t":6}},"lsn":"2"}],"lsn":"2"}`), nil},
+		{"keys inside strings", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"id":"1","data":{"t":5,"p":"\"data\":{\"t\":9},{\"op\":\"x"}},"lsn":"1"}],"lsn":"1"}`), []int64{5}},
+		{"garbage between ops", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"id":"1","data":{"t":5}},"lsn":"1"}x{"op":"insert","id":"2","row":{"id":"2","data":{"t":6}},"lsn":"2"}],"lsn":"2"}`), nil},
 		{"empty", nil, nil},
 	}
 	for _, tt := range tests {
 		got, ok := scanPatch(tt.line, rawPatchHead, nil)
 		if ok != (tt.want != nil) || ok && !slices.Equal(got, tt.want) {
 			t.Errorf("%s: scanPatch(%s) = %v, %v; want %v", tt.name, tt.line, got, ok, tt.want)
+		}
+	}
+}
+
+// Benchmark_scanPatch scans a patch of 40 inserts with 100-byte data,
+// about what a subscriber gets per message at 1,000 × 1,000 msg/s.
+func Benchmark_scanPatch(b *testing.B) {
+	p := &frames.Patch{SID: rawSID}
+	for i := range 40 {
+		id := fmt.Sprintf("%016d_%016d", 0, i+1)
+		data := appendData(nil, 1764467000000000000+int64(i), 100)
+		row := fmt.Sprintf(`{"id":%q,"data":%s,"actorId":null,"at":1764467000000}`, id, data)
+		p.Patches = append(p.Patches, frames.PatchOp{Op: frames.PatchInsert, ID: id, Row: json.RawMessage(row), LSN: id})
+		p.LSN = id
+	}
+	line, err := frames.Encode(p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var ts []int64
+	b.SetBytes(int64(len(line)))
+	b.ReportAllocs()
+	for b.Loop() {
+		var ok bool
+		if ts, ok = scanPatch(line, rawPatchHead, ts[:0]); !ok || len(ts) != 40 {
+			b.Fatalf("scanPatch = %d times, %v", len(ts), ok)
 		}
 	}
 }
