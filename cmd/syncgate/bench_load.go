@@ -105,13 +105,15 @@ func rowSendTime(row []byte) (int64, bool) {
 }
 
 // sendTimeAt reads the send time whose first digit is b[i]: 1 to 19
-// digits, ended by ',' or '}'. It returns the index past the digits.
+// digits that fit an int64, ended by ',' or '}'. It returns the index past
+// the digits.
 func sendTimeAt(b []byte, i int) (t int64, end int, ok bool) {
 	j := i
 	for ; j < len(b) && j-i < 19 && '0' <= b[j] && b[j] <= '9'; j++ {
 		t = t*10 + int64(b[j]-'0')
 	}
-	return t, j, j > i && j < len(b) && (b[j] == ',' || b[j] == '}')
+	// 19 digits over math.MaxInt64 wrap to a negative t.
+	return t, j, t >= 0 && j > i && j < len(b) && (b[j] == ',' || b[j] == '}')
 }
 
 // benchSub is one subscriber session: it counts its deliveries and records

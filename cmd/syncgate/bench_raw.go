@@ -22,8 +22,10 @@ import (
 // hands it across goroutines; at a few hundred thousand deliveries a
 // second that costs the bench as much CPU as the server it measures. The
 // raw subscriber reads each message into a reused buffer and finds the
-// send times with a scan that knows how the gateway encodes patches
-// (frames.AppendPatchPrefix + AppendPatchBody). Any line the scan does not
+// send times with a scan that knows how the gateway encodes a topic
+// message's patch (frames.AppendPatchPrefix and AppendInsertBody around
+// the row of gateway's appendRow; see scanOp): a change to either layout
+// shows as fallback decodes. Any line the scan does not
 // recognise goes through the strict frames.Decode instead and is counted
 // (fallback_decodes), so a change of layout shows in the results rather
 // than as lost deliveries.
@@ -57,7 +59,8 @@ var (
 	opInsert          = []byte(`{"op":"insert","id":`)
 	opRowID           = []byte(`,"row":{"id":`)
 	rowTimeKeyAfterID = []byte(`,` + string(rowTimeKey))
-	opLSN             = []byte(`},"lsn":"`)
+	opLSN             = []byte(`},"lsn":`)
+	rowAtKey          = []byte(`,"at":`)
 	opIndex           = []byte(`,"index":`)
 )
 
@@ -357,21 +360,25 @@ func scanPatch(line, head []byte, ts []int64) ([]int64, bool) {
 }
 
 // scanOp reads the op at b[i:] as the gateway lays out a topic message's
-// insert, {"op":"insert","id":<lsn>,"row":{"id":<lsn>,"data":{"t":<send
-// time>…},…},"lsn":<lsn>[,"index":<n>]}, and returns the send time and
-// the index just past the op. It checks the fixed parts and finds the
-// strings' ends, but it does not parse the rest of the row: at a million
-// deliveries a second, walking each row's JSON cost the bench half its
-// CPU. The row ends at the first },"lsn":" after the time, a sequence
-// that cannot lie inside a JSON string (its '"' follows a ',', which a
-// string would escape) and that the bench's own data does not hold.
+// insert (frames.AppendInsertBody around gateway's appendRow),
+// {"op":"insert","id":<lsn>,"row":{"id":<lsn>,"data":{"t":<send time>…},
+// "actorId":…,"at":<n>},"lsn":<lsn>[,"index":<n>]}, and returns the send
+// time and the index just past the op. It checks the fixed parts and finds
+// the strings' ends, but it does not parse the rest of the data: at a
+// million deliveries a second, walking each row's JSON cost the bench half
+// its CPU. The row ends at the first },"lsn":<the op's id> after the time
+// that follows ,"at":<n>: a sequence that cannot lie inside a JSON string
+// (its '"' after ',' would be escaped there), and that the bench's own
+// data does not hold.
 func scanOp(b []byte, i int) (t int64, end int, ok bool) {
 	if i = expect(b, i, opInsert); i < 0 || i >= len(b) || b[i] != '"' {
 		return 0, 0, false
 	}
+	idStart := i
 	if i = skipString(b, i); i < 0 { // the op's id
 		return 0, 0, false
 	}
+	id := b[idStart : i+1] // quoted
 	if i = expect(b, i+1, opRowID); i < 0 || i >= len(b) || b[i] != '"' {
 		return 0, 0, false
 	}
@@ -388,20 +395,14 @@ func scanOp(b []byte, i int) (t int64, end int, ok bool) {
 	if k < 0 {
 		return 0, 0, false
 	}
-	i += k + len(opLSN) - 1 // the lsn's opening quote
-	if i = skipString(b, i); i < 0 {
+	if !endsWithAt(b[:i+k]) {
 		return 0, 0, false
 	}
-	i++
+	if i = expect(b, i+k+len(opLSN), id); i < 0 {
+		return 0, 0, false
+	}
 	if j := expect(b, i, opIndex); j >= 0 { // a query's row position
-		if j < len(b) && b[j] == '-' {
-			j++
-		}
-		i = j
-		for i < len(b) && '0' <= b[i] && b[i] <= '9' {
-			i++
-		}
-		if i == j {
+		if i = skipInt(b, j); i == j {
 			return 0, 0, false
 		}
 	}
@@ -409,6 +410,39 @@ func scanOp(b []byte, i int) (t int64, end int, ok bool) {
 		return 0, 0, false
 	}
 	return t, i + 1, true
+}
+
+// endsWithAt reports whether b ends with the row's last member,
+// ,"at":<integer>.
+func endsWithAt(b []byte) bool {
+	j := len(b)
+	for j > 0 && '0' <= b[j-1] && b[j-1] <= '9' {
+		j--
+	}
+	if j == len(b) {
+		return false
+	}
+	if j > 0 && b[j-1] == '-' {
+		j--
+	}
+	return bytes.HasSuffix(b[:j], rowAtKey)
+}
+
+// skipInt returns the index past the integer (an optional '-', then
+// digits) at b[i:], or i if there is none.
+func skipInt(b []byte, i int) int {
+	j := i
+	if j < len(b) && b[j] == '-' {
+		j++
+	}
+	k := j
+	for k < len(b) && '0' <= b[k] && b[k] <= '9' {
+		k++
+	}
+	if k == j {
+		return i
+	}
+	return k
 }
 
 // expect returns the index past want if b[i:] starts with it, else -1.

@@ -418,6 +418,17 @@ func patchLine(t *testing.T, sid string, ts ...int64) []byte {
 
 func Test_scanPatch(t *testing.T) {
 	t.Parallel()
+	// line wraps ops in a patch frame for s1; ins is an insert op of row
+	// (its id and lsn id); rowAt is a row as the gateway lays it out.
+	line := func(ops ...string) []byte {
+		return []byte(`{"type":"patch","v":1,"sid":"s1","patches":[` + strings.Join(ops, ",") + `],"lsn":"9"}`)
+	}
+	ins := func(id, row string) string {
+		return `{"op":"insert","id":"` + id + `","row":` + row + `,"lsn":"` + id + `"}`
+	}
+	rowAt := func(id string, t int) string {
+		return fmt.Sprintf(`{"id":%q,"data":{"t":%d,"p":"x"},"actorId":null,"at":1}`, id, t)
+	}
 	idx := int64(3)
 	withIndex, err := frames.Encode(&frames.Patch{SID: rawSID, LSN: "9", Patches: []frames.PatchOp{{
 		Op: frames.PatchInsert, ID: "9", LSN: "9", Index: &idx,
@@ -439,24 +450,30 @@ func Test_scanPatch(t *testing.T) {
 		{"one op", one, []int64{123}},
 		{"three ops", patchLine(t, rawSID, 1, 22, 333), []int64{1, 22, 333}},
 		{"no ops", empty, []int64{}},
+		{"built here", line(ins("1", rowAt("1", 5)), ins("2", rowAt("2", 6))), []int64{5, 6}},
 		{"index and escapes", withIndex, []int64{77}},
 		{"other sid", patchLine(t, "s2", 123), nil},
 		{"truncated", one[:len(one)-10], nil},
 		{"truncated in row", one[:bytes.Index(one, []byte(`"p"`))], nil},
 		{"trailing field", append(one[:len(one)-1:len(one)-1], `,"x":1}`...), nil},
 		{"trailing garbage", append(slices.Clip(one), 'x'), nil},
-		{"no time", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"id":"1","data":{"x":1}},"lsn":"1"}],"lsn":"1"}`), nil},
-		{"time too long", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"id":"1","data":{"t":12345678901234567890}},"lsn":"1"}],"lsn":"1"}`), nil},
+		{"no time", line(ins("1", `{"id":"1","data":{"x":1},"actorId":null,"at":1}`)), nil},
+		{"time too long", line(ins("1", `{"id":"1","data":{"t":12345678901234567890},"actorId":null,"at":1}`)), nil},
+		{"time over int64", line(ins("1", `{"id":"1","data":{"t":9999999999999999999},"actorId":null,"at":1}`)), nil},
 		{"not a patch", []byte(`{"type":"ack","v":1,"ref":"s1","lsn":null,"error":null}`), nil},
-		{"a delete op", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"id":"1","data":{"t":5}},"lsn":"1"},{"op":"delete","id":"2","row":{"id":"2","data":{"t":6}},"lsn":"2"}],"lsn":"2"}`), nil},
-		{"an op without a time", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"id":"1","data":{"t":5}},"lsn":"1"},{"op":"insert","id":"2","row":{"id":"2","data":{"x":6}},"lsn":"2"}],"lsn":"2"}`), nil},
-		{"a second time later in the row", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"id":"1","data":{"t":5},"x":{"data":{"t":6}}},"lsn":"1"}],"lsn":"1"}`), []int64{5}},
-		{"the row's fields in another order", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"data":{"t":5},"id":"1"},"lsn":"1"}],"lsn":"1"}`), nil},
-		{"a negative index", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"id":"1","data":{"t":5}},"lsn":"1","index":-2}],"lsn":"1"}`), []int64{5}},
-		{"an empty index", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"id":"1","data":{"t":5}},"lsn":"1","index":}],"lsn":"1"}`), nil},
-		{"an op in another layout", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"id":"1","data":{"t":5}},"lsn":"1"},{"id":"2","op":"insert","row":{"id":"2","data":{"t":6}},"lsn":"2"}],"lsn":"2"}`), nil},
-		{"keys inside strings", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"id":"1","data":{"t":5,"p":"\"data\":{\"t\":9},{\"op\":\"x"}},"lsn":"1"}],"lsn":"1"}`), []int64{5}},
-		{"garbage between ops", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"id":"1","data":{"t":5}},"lsn":"1"}x{"op":"insert","id":"2","row":{"id":"2","data":{"t":6}},"lsn":"2"}],"lsn":"2"}`), nil},
+		{"a delete op", line(ins("1", rowAt("1", 5)), `{"op":"delete","id":"2","row":`+rowAt("2", 6)+`,"lsn":"2"}`), nil},
+		{"an op without a time", line(ins("1", rowAt("1", 5)), ins("2", `{"id":"2","data":{"x":6},"actorId":null,"at":1}`)), nil},
+		{"a second time later in the row", line(ins("1", `{"id":"1","data":{"t":5},"x":{"data":{"t":6}},"actorId":null,"at":1}`)), []int64{5}},
+		{"the row's fields in another order", line(ins("1", `{"data":{"t":5},"id":"1","actorId":null,"at":1}`)), nil},
+		{"a row without at", line(ins("1", `{"id":"1","data":{"t":5}}`)), nil},
+		{"a row left open", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":{"id":"1","data":{"t":5},"lsn":"1"}],"lsn":"1"}`), nil},
+		{"an op without its lsn", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":` + rowAt("1", 5) + `},{"op":"delete","id":"2","row":null,"lsn":"2"}],"lsn":"2"}`), nil},
+		{"an op whose lsn is not its id", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":` + rowAt("1", 5) + `,"lsn":"2"}],"lsn":"2"}`), nil},
+		{"a negative index", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":` + rowAt("1", 5) + `,"lsn":"1","index":-2}],"lsn":"1"}`), []int64{5}},
+		{"an empty index", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[{"op":"insert","id":"1","row":` + rowAt("1", 5) + `,"lsn":"1","index":}],"lsn":"1"}`), nil},
+		{"an op in another layout", line(ins("1", rowAt("1", 5)), `{"id":"2","op":"insert","row":`+rowAt("2", 6)+`,"lsn":"2"}`), nil},
+		{"keys inside strings", line(ins("1", `{"id":"1","data":{"t":5,"p":"\"data\":{\"t\":9},{\"op\":\"x},\"lsn\":\"1\"}"},"actorId":null,"at":1}`)), []int64{5}},
+		{"garbage between ops", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[` + ins("1", rowAt("1", 5)) + `x` + ins("2", rowAt("2", 6)) + `],"lsn":"2"}`), nil},
 		{"empty", nil, nil},
 	}
 	for _, tt := range tests {
