@@ -44,10 +44,14 @@ func (c *Client) Publish(ctx context.Context, topic string, data json.RawMessage
 // no seq and sent nothing. PublishAsync may be called from many goroutines;
 // seqs go on the wire in the order the calls take the send lock.
 func (c *Client) PublishAsync(ctx context.Context, topic string, data json.RawMessage, done func(lsn string, err error)) error {
-	encode := func(key string, seq int64) ([]byte, error) {
-		return frames.AppendPublishMutate(make([]byte, 0, mutateRoom+len(key)+len(topic)+len(data)), key, seq, topic, data)
+	tail, err := frames.NewPublishTail(topic, data)
+	if err != nil {
+		return fmt.Errorf("client: %w", err)
 	}
-	_, err := c.sendMutate(ctx, encode, func(a *frames.Ack, err error) {
+	encode := func(key string, seq int64) ([]byte, error) {
+		return frames.AppendPublishMutate(make([]byte, 0, mutateRoom+len(key)+tail.Len()), key, seq, tail), nil
+	}
+	_, err = c.sendMutate(ctx, encode, func(a *frames.Ack, err error) {
 		if err == nil {
 			err = ackError(a)
 		}
@@ -99,9 +103,8 @@ func (c *Client) Mutate(ctx context.Context, name string, input json.RawMessage)
 }
 
 // mutateRoom is what a mutate frame needs besides its key, name and input
-// (and a publish input's topic and data), so that encoding it allocates
-// once.
-const mutateRoom = 96
+// (or a publish's tail), so that encoding it allocates once.
+const mutateRoom = 64
 
 // sendMutate waits for room in the current connection's write queue,
 // assigns the next seq and its key, encodes the mutate with them, records

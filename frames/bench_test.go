@@ -186,15 +186,17 @@ func BenchmarkEncode_Mutate(b *testing.B) {
 }
 
 // BenchmarkEncode_PublishMutate is the same frame as the Go client's
-// PublishAsync builds it: input and mutate in one pass, into one slice
-// sized for it.
+// PublishAsync builds it: the tail (input checked once), then the frame
+// in a slice sized for it.
 func BenchmarkEncode_PublishMutate(b *testing.B) {
 	data := json.RawMessage(`{"t":1764467000000000000,"pad":"` + strings.Repeat("x", 60) + `"}`)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := AppendPublishMutate(make([]byte, 0, 96+11+15+len(data)), "s-5c1e:1234", 1234, "bench:topics:42", data); err != nil {
+		tail, err := NewPublishTail("bench:topics:42", data)
+		if err != nil {
 			b.Fatal(err)
 		}
+		_ = AppendPublishMutate(make([]byte, 0, 64+11+tail.Len()), "s-5c1e:1234", 1234, tail)
 	}
 }
 

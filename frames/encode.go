@@ -246,22 +246,43 @@ func AppendPublishInput(dst []byte, topic string, data json.RawMessage) ([]byte,
 	return append(out, '}'), nil
 }
 
-// AppendPublishMutate appends the mutate frame of the built-in "publish"
-// mutation with the given key and seq and the input AppendPublishInput
-// makes of topic and data: the bytes AppendEncode writes for that Mutate,
-// built in one pass with data checked once. It fails, returning dst
-// unchanged, if data is not one valid JSON value in UTF-8.
-func AppendPublishMutate(dst []byte, key string, seq int64, topic string, data json.RawMessage) ([]byte, error) {
-	out := append(dst, `{"type":"mutate","v":1,"key":`...)
-	out = appendString(out, key)
-	out = append(out, `,"seq":`...)
-	out = strconv.AppendInt(out, seq, 10)
-	out = append(out, `,"name":"publish","input":`...)
-	out, err := AppendPublishInput(out, topic, data)
+// PublishTail is what follows the key and seq in the mutate frame of the
+// built-in "publish" mutation: its name and the input AppendPublishInput
+// makes of a topic and data, encoded and checked. A client makes it before
+// it takes a seq, so that data that is not JSON uses none, and then
+// writes the frame with AppendPublishMutate. The zero PublishTail stands
+// for a null input.
+type PublishTail struct{ b []byte }
+
+// NewPublishTail encodes the tail of a publish of data to topic. It fails
+// if data is not one valid JSON value in UTF-8.
+func NewPublishTail(topic string, data json.RawMessage) (PublishTail, error) {
+	b := append(make([]byte, 0, len(publishTailHead)+len(topic)+len(data)+32), publishTailHead...) // {"topic":,"data":}} and the quotes
+	b, err := AppendPublishInput(b, topic, data)
 	if err != nil {
-		return dst, err
+		return PublishTail{}, err
 	}
-	return append(out, '}'), nil
+	return PublishTail{b: append(b, '}')}, nil
+}
+
+// Len is the tail's length in bytes.
+func (t PublishTail) Len() int { return len(t.b) }
+
+// publishTailHead starts a publish mutate's tail.
+const publishTailHead = `,"name":"publish","input":`
+
+// AppendPublishMutate appends the mutate frame of the built-in "publish"
+// mutation with key, seq and tail: the bytes AppendEncode writes for
+// that Mutate, without checking the input again.
+func AppendPublishMutate(dst []byte, key string, seq int64, tail PublishTail) []byte {
+	dst = append(dst, `{"type":"mutate","v":1,"key":`...)
+	dst = appendString(dst, key)
+	dst = append(dst, `,"seq":`...)
+	dst = strconv.AppendInt(dst, seq, 10)
+	if tail.b == nil {
+		return append(dst, publishTailHead+"null}"...)
+	}
+	return append(dst, tail.b...)
 }
 
 // appendRawOrNull is appendRaw, with a nil raw written as null (as
