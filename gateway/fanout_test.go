@@ -230,6 +230,20 @@ func testStalledClient(t *testing.T, writers int) {
 	}
 	send(`{"type":"hello","v":1,"buildId":"","sessionId":null,"actorId":null,"resume":[]}` + "\n" +
 		`{"type":"subscribe","v":1,"op":"add","sid":"s","target":{"kind":"topic","topic":"room","cursor":null}}`)
+	for subscribed := false; !subscribed; { // up to the snapshot: subscribed before the publishes
+		_, msg, err := stalled.Read(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		frames.Split(msg, func(line []byte) bool {
+			f, err := frames.Decode(line)
+			if err != nil {
+				t.Fatalf("stalled client's setup: %v", err)
+			}
+			_, subscribed = f.(*frames.Snapshot)
+			return !subscribed
+		})
+	}
 
 	counters := make([]*orderedCounter, healthy)
 	for i := range counters {

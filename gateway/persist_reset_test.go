@@ -81,6 +81,16 @@ type headSignalLog struct {
 	head  chan struct{}
 }
 
+// waitHead waits for the armed Head call.
+func (l *headSignalLog) waitHead(t *testing.T) {
+	t.Helper()
+	select {
+	case <-l.head:
+	case <-time.After(gwtest.Timeout):
+		t.Fatal("the log's head was not read")
+	}
+}
+
 func (l *headSignalLog) Head(ctx context.Context, name string) (storage.Info, error) {
 	if l.armed.CompareAndSwap(true, false) {
 		close(l.head)
@@ -120,7 +130,7 @@ func TestPersisted_ResetWhileCatchingUp(t *testing.T) {
 	r.Hello("", 0)
 	log.armed.Store(true)
 	sendResume(r, "s", topic, storage.FormatOffset(2)) // ahead of the tailer: it waits
-	<-log.head                                         // the wait's look at the log: the resume has joined
+	log.waitHead(t)                                    // the wait's look at the log: the resume has joined
 	close(log.open)
 
 	_, liveDigest, ops := resetThenCollect(t, live, "l", 5)

@@ -516,9 +516,9 @@ func (g *gatedLog) WaitID(ctx context.Context, name, after string, id uint64) er
 // the tailer passes it: no X_CURSOR_EXPIRED, nothing twice.
 func TestPersisted_CursorAheadOfTheTailer(t *testing.T) {
 	t.Parallel()
-	var log *gatedLog
+	var log *headSignalLog
 	db, srv := startWrappedNode(t, nil, func(db *storage.DB) gateway.StreamLog {
-		log = &gatedLog{DB: db, open: make(chan struct{})}
+		log = &headSignalLog{gatedLog: gatedLog{DB: db, open: make(chan struct{})}, head: make(chan struct{})}
 		return log
 	})
 	first := gwtest.Dial(t, srv.url, nil)
@@ -535,7 +535,9 @@ func TestPersisted_CursorAheadOfTheTailer(t *testing.T) {
 	}
 	c := gwtest.Dial(t, srv.url, nil)
 	c.Hello("", 0)
+	log.armed.Store(true)
 	sendResume(c, "s", "chat:lag", lsns[1]) // ahead of the gated tailer
+	log.waitHead(t)                         // the wait's look at the log: the resume has joined
 	close(log.open)
 	if ack := gwtest.Expect[*frames.Ack](c); ack.Error != nil {
 		t.Fatalf("resume ahead of the tailer: %+v", ack.Error)

@@ -37,7 +37,7 @@ type writerPool struct {
 	stopOnce sync.Once
 	wg       sync.WaitGroup
 	stalled  func() // called when a turn outlives stuckTurn; may be nil
-	yield    func() // runtime.Gosched; a test's hook in tests
+	yield    func() // runtime.Gosched; tests replace it before the first session
 
 	mu     sync.Mutex
 	late   uint64        // guarded by mu: held sessions taken poolLateWait or more after due
@@ -77,7 +77,9 @@ type poolWorker struct {
 	turnStart atomic.Int64 // nanoseconds since the pool's epoch when the current turn began, plus one; 0 between turns
 	replaced  atomic.Bool  // set (under the pool's mu) when watch started another in its place
 	idle      bool         // guarded by the pool's mu: on the idle list
-	parked    bool         // owned by the worker: it waited for work since its slice began
+
+	// Owned by the worker's goroutine (next and work).
+	parked bool // it waited for work since its slice began
 }
 
 func newWriterPool(workers int, stalled func()) *writerPool {
@@ -299,7 +301,7 @@ func (p *writerPool) work(w *poolWorker) {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
 	var batch []outItem
-	var slice int64 // when the worker's current stretch of turns began
+	slice := int64(time.Since(p.epoch)) // when the current stretch of turns began
 	for {
 		s, due := p.next(w, t)
 		if s == nil {
@@ -312,12 +314,13 @@ func (p *writerPool) work(w *poolWorker) {
 		w.turnStart.Store(start + 1)
 		batch = s.writeTurn(batch, due)
 		w.turnStart.Store(0)
+		// Before retiring: a retiring worker yields once more, harmlessly.
+		if end := int64(time.Since(p.epoch)); end-slice >= int64(workerSlice) {
+			p.yield()
+			slice = end
+		}
 		if p.retire(w) {
 			return
-		}
-		if int64(time.Since(p.epoch))-slice >= int64(workerSlice) {
-			p.yield()
-			slice = int64(time.Since(p.epoch))
 		}
 	}
 }

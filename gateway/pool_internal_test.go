@@ -165,14 +165,6 @@ func TestWriterPool_YieldsAfterASlice(t *testing.T) {
 	select {
 	case <-yielded:
 	case <-ctx.Done():
-		srv.pool.mu.Lock()
-		stalls := srv.pool.stalls
-		srv.pool.mu.Unlock()
-		if stalls > 0 {
-			// A machine so slow that the turn outlived stuckTurn: the
-			// worker was replaced and retired instead of yielding.
-			t.Skip("the turn outlived stuckTurn; the worker retired")
-		}
 		t.Fatal("the worker did not yield after a turn longer than a slice")
 	}
 }
