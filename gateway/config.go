@@ -132,7 +132,7 @@ type Config struct {
 
 	// MaxWriteDelay bounds the wait pacing adds before a session's next
 	// write, except while the node is overloaded (see SchedWaits), when
-	// the bound is twice this. Zero means 50ms; negative turns pacing off.
+	// the bound is 1.5 times this. Zero means 50ms; negative turns pacing off.
 	MaxWriteDelay time.Duration
 
 	// Writers is how many goroutines write for the sessions on TCP and
@@ -152,7 +152,7 @@ type Config struct {
 	// totals that never decrease. When the share of long waits, as a
 	// moving average over a few 50 ms pacing ticks, exceeds 40%, the node
 	// is overloaded: it paces as when busy, and the delay may grow to
-	// twice MaxWriteDelay, so that the backlog turns into fewer, larger
+	// 1.5 times MaxWriteDelay, so that the backlog turns into fewer, larger
 	// writes rather than into seconds of latency. Nil means the Go
 	// runtime's /sched/latencies:seconds. With shared writers (Writers)
 	// the pacer adds the writer pool's own waits: paced sessions taken,

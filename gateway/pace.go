@@ -24,7 +24,7 @@ import (
 // second. While busy the delay grows by half each pacerTick (starting at
 // pacerMinDelay); while clearly idle (CPU under 60% of PaceCPU and the rate
 // under half the budget) it halves; in between it holds. It stays within
-// [0, MaxWriteDelay] (2×MaxWriteDelay while overloaded).
+// [0, MaxWriteDelay] (1.5×MaxWriteDelay while overloaded).
 //
 // Overload is a stronger state, seen from the Go scheduler rather than
 // from the node's own CPU: the share of scheduling waits of about a
@@ -32,7 +32,7 @@ import (
 // writers readied faster than they run, or other processes taking the
 // cores), averaged over the last few ticks, above 40%. While overloaded
 // the node counts as busy whatever its CPU and rate, and the delay may
-// grow to twice MaxWriteDelay; once the overload ends it eases back to
+// grow to 1.5 times MaxWriteDelay; once the overload ends it eases back to
 // MaxWriteDelay by a quarter per tick. On the benchmark machine, with a
 // goroutine per busy session, 5,000 subscribers × 100 msg/s (500,000
 // deliveries a second on 2 cores) had a median tick share of 51%
@@ -71,7 +71,7 @@ const (
 	overloadShare  = 0.4
 	shareWeight    = 0.25
 	longWait       = time.Millisecond
-	overloadFactor = 2
+	overloadFactor = 1.5
 	// minWaits is the fewest waits a tick needs for its share to count.
 	minWaits = 100
 )
@@ -178,7 +178,7 @@ func (p *pacer) adjust(rate, cpu float64, overload bool) {
 	bound := p.maxDelay
 	switch {
 	case overload:
-		bound *= overloadFactor
+		bound = int64(overloadFactor * float64(bound))
 	case d > p.maxDelay:
 		bound = max(p.maxDelay, d-d/4) // ease back after an overload
 	}

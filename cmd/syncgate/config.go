@@ -183,7 +183,7 @@ var settings = []setting{
 			c.Gateway.PaceCPU = f
 			return nil
 		}},
-	{"max-write-delay", "SYNCGATE_MAX_WRITE_DELAY", "50ms", "longest a busy session's frames wait to share a message when over the write budget, twice this while the node is overloaded (0s turns pacing off)",
+	{"max-write-delay", "SYNCGATE_MAX_WRITE_DELAY", "50ms", "longest a busy session's frames wait to share a message when over the write budget, 1.5 times this while the node is overloaded (0s turns pacing off)",
 		func(c *config, v string) error {
 			d, err := time.ParseDuration(v)
 			if err != nil || d < 0 {
