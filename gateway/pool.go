@@ -60,7 +60,7 @@ type writerPool struct {
 // ends, so the pool is back to its size.
 const stuckTurn = 100 * time.Millisecond
 
-// workerSlice is how long a worker takes turns without a break before it
+// sliceLength is how long a worker takes turns without a break before it
 // yields its core. The Go scheduler preempts a goroutine only after about
 // 10 ms, so under a backlog a worker that never waits would keep a
 // goroutine the network poller readied (the reader of the next publish, a
@@ -68,7 +68,7 @@ const stuckTurn = 100 * time.Millisecond
 // every half millisecond costs a scheduler pass per fifty or so turns; at
 // 5,000 subscribers × 100 msg/s it cut the p99 by about a fifth
 // (docs/benchmarks.md, "Workers yield").
-const workerSlice = 500 * time.Microsecond
+const sliceLength = 500 * time.Microsecond
 
 // poolWorker is one worker's wake-up line: whoever takes an idle worker
 // off the pool's idle list sends on wake.
@@ -79,7 +79,25 @@ type poolWorker struct {
 	idle      bool         // guarded by the pool's mu: on the idle list
 
 	// Owned by the worker's goroutine (next and work).
-	parked bool // it waited for work since its slice began
+	parked bool        // it waited for work since its slice began
+	slice  workerSlice // its current stretch of turns without a wait
+}
+
+// workerSlice is a worker's stretch of turns without a wait for work;
+// times are nanoseconds since the pool's epoch.
+type workerSlice struct{ start int64 }
+
+// begin starts a stretch at now: the worker starts, or has waited.
+func (s *workerSlice) begin(now int64) { s.start = now }
+
+// turnEnded reports whether a turn ending at now completes a slice, after
+// which the worker yields; if so the next stretch starts at now.
+func (s *workerSlice) turnEnded(now int64) bool {
+	if now-s.start < int64(sliceLength) {
+		return false
+	}
+	s.start = now
+	return true
 }
 
 func newWriterPool(workers int, stalled func()) *writerPool {
@@ -301,7 +319,7 @@ func (p *writerPool) work(w *poolWorker) {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
 	var batch []outItem
-	slice := int64(time.Since(p.epoch)) // when the current stretch of turns began
+	w.slice.begin(int64(time.Since(p.epoch)))
 	for {
 		s, due := p.next(w, t)
 		if s == nil {
@@ -309,15 +327,15 @@ func (p *writerPool) work(w *poolWorker) {
 		}
 		start := int64(time.Since(p.epoch))
 		if w.parked {
-			w.parked, slice = false, start
+			w.parked = false
+			w.slice.begin(start)
 		}
 		w.turnStart.Store(start + 1)
 		batch = s.writeTurn(batch, due)
 		w.turnStart.Store(0)
 		// Before retiring: a retiring worker yields once more, harmlessly.
-		if end := int64(time.Since(p.epoch)); end-slice >= int64(workerSlice) {
+		if w.slice.turnEnded(int64(time.Since(p.epoch))) {
 			p.yield()
-			slice = end
 		}
 		if p.retire(w) {
 			return

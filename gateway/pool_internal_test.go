@@ -119,7 +119,7 @@ func stuckTurnStarted(p *writerPool) bool {
 }
 
 // TestWriterPool_YieldsAfterASlice: a worker whose turns have run for
-// workerSlice without a wait yields its core. The turn is made long by
+// sliceLength without a wait yields its core. The turn is made long by
 // holding the connection's lock (as in the test above) until the turn has
 // lasted a slice.
 func TestWriterPool_YieldsAfterASlice(t *testing.T) {
@@ -155,7 +155,7 @@ func TestWriterPool_YieldsAfterASlice(t *testing.T) {
 		srv.pool.mu.Lock()
 		defer srv.pool.mu.Unlock()
 		start := srv.pool.all[0].turnStart.Load()
-		return start != 0 && time.Since(srv.pool.epoch)-time.Duration(start-1) >= workerSlice
+		return start != 0 && time.Since(srv.pool.epoch)-time.Duration(start-1) >= sliceLength
 	})
 	s.netConn.mu.Unlock()
 	locked = false
@@ -166,5 +166,35 @@ func TestWriterPool_YieldsAfterASlice(t *testing.T) {
 	case <-yielded:
 	case <-ctx.Done():
 		t.Fatal("the worker did not yield after a turn longer than a slice")
+	}
+}
+
+// TestWorkerSlice: a stretch of turns ends a slice once it has lasted
+// sliceLength, and the next one starts there; a wait for work starts one
+// afresh, so quick turns after a rest do not yield.
+func TestWorkerSlice(t *testing.T) {
+	const l = int64(sliceLength)
+	var s workerSlice
+	s.begin(0)
+	for _, tt := range []struct {
+		begin int64 // if >= 0, the worker waited and begins again here
+		end   int64 // the turn's end
+		want  bool
+	}{
+		{-1, l / 2, false},
+		{-1, l - 1, false},
+		{-1, l, true},             // a whole slice: yield, the next begins at l
+		{-1, l + l/2, false},      // half of the next
+		{-1, 2*l + 1, true},       // its end
+		{10 * l, 10*l + 1, false}, // after a wait: quick turns go on
+		{-1, 10*l + l/2, false},
+		{-1, 11 * l, true},
+	} {
+		if tt.begin >= 0 {
+			s.begin(tt.begin)
+		}
+		if got := s.turnEnded(tt.end); got != tt.want {
+			t.Fatalf("turn ending at %d (slice began %d): yield %v, want %v", tt.end, s.start, got, tt.want)
+		}
 	}
 }
