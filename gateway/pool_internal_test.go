@@ -5,23 +5,42 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/syncgate/syncgate/internal/gwtest"
 )
+
+// onePoolWorker is a server whose writer pool has one worker; the caller
+// shuts it down.
+func onePoolWorker(t *testing.T) *Server {
+	t.Helper()
+	srv, err := New(Config{Writers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv
+}
+
+// pooledSession is a session of srv over a real socket pair, written by
+// the pool, and the client's end; the test is skipped on systems without
+// shared writers.
+func pooledSession(t *testing.T, srv *Server, id string) (*session, *websocket.Conn) {
+	t.Helper()
+	sc, raw, cc := connPair(t)
+	s := newSession(context.Background(), srv, sc, raw, id, "test")
+	if !s.pooled {
+		t.Skip("no shared writers on this system")
+	}
+	return s, cc
+}
 
 // TestWriterPool_HoldsUntilDue: a session the pool holds is written once
 // its time is due, not before; the turn is counted for the pacer, and the
 // session's writer is released after it.
 func TestWriterPool_HoldsUntilDue(t *testing.T) {
-	srv, err := New(Config{Writers: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := onePoolWorker(t)
 	defer srv.Shutdown(context.Background())
-	sc, raw, cc := connPair(t)
-	s := newSession(context.Background(), srv, sc, raw, "id", "test")
-	if !s.pooled {
-		t.Skip("no shared writers on this system")
-	}
+	s, cc := pooledSession(t, srv, "id")
 	if r := s.q.push(outItem{body: []byte(`{"held":true}`), kind: idxPatch}, 100, 1<<20); r != pushedStart {
 		t.Fatalf("push = %d, want pushedStart", r)
 	}
@@ -58,18 +77,10 @@ func TestWriterPool_HoldsUntilDue(t *testing.T) {
 // worker, so other sessions are still written; when the stuck turn ends
 // its worker retires and the pool is back to its size.
 func TestWriterPool_ReplacesAStuckWorker(t *testing.T) {
-	srv, err := New(Config{Writers: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := onePoolWorker(t)
 	defer srv.Shutdown(context.Background())
-	stuckSC, stuckRaw, stuckCC := connPair(t)
-	stuck := newSession(context.Background(), srv, stuckSC, stuckRaw, "stuck", "test")
-	otherSC, otherRaw, otherCC := connPair(t)
-	other := newSession(context.Background(), srv, otherSC, otherRaw, "other", "test")
-	if !stuck.pooled || !other.pooled {
-		t.Skip("no shared writers on this system")
-	}
+	stuck, stuckCC := pooledSession(t, srv, "stuck")
+	other, otherCC := pooledSession(t, srv, "other")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
@@ -123,10 +134,7 @@ func stuckTurnStarted(p *writerPool) bool {
 // holding the connection's lock (as in the test above) until the turn has
 // lasted a slice.
 func TestWriterPool_YieldsAfterASlice(t *testing.T) {
-	srv, err := New(Config{Writers: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := onePoolWorker(t)
 	defer srv.Shutdown(context.Background())
 	yielded := make(chan struct{}, 1)
 	srv.pool.yield = func() { // before any session: the worker reads it after a turn
@@ -135,11 +143,7 @@ func TestWriterPool_YieldsAfterASlice(t *testing.T) {
 		default:
 		}
 	}
-	sc, raw, cc := connPair(t)
-	s := newSession(context.Background(), srv, sc, raw, "id", "test")
-	if !s.pooled {
-		t.Skip("no shared writers on this system")
-	}
+	s, cc := pooledSession(t, srv, "id")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s.netConn.mu.Lock()
