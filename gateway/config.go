@@ -132,8 +132,17 @@ type Config struct {
 
 	// MaxWriteDelay bounds the wait pacing adds before a session's next
 	// write, except while the node is overloaded (see SchedWaits), when
-	// the bound is 1.5 times this. Zero means 50ms; negative turns pacing off.
+	// OverloadWriteDelay bounds it. Zero means 20ms; negative turns pacing
+	// off.
 	MaxWriteDelay time.Duration
+
+	// OverloadWriteDelay bounds the pacing wait while the node is
+	// overloaded, so that a backlog turns into fewer, larger writes rather
+	// than into seconds of latency. It is never below MaxWriteDelay (a
+	// smaller value means MaxWriteDelay, and then an overload gets no
+	// more room than a busy spell). Zero means 75ms. Both are at most
+	// maxPaceDelay.
+	OverloadWriteDelay time.Duration
 
 	// Writers is how many goroutines write for the sessions on TCP and
 	// Unix sockets (see writerPool in gateway/pool.go): they take sessions
@@ -152,11 +161,11 @@ type Config struct {
 	// totals that never decrease. When the share of long waits, as a
 	// moving average over a few 50 ms pacing ticks, exceeds 40%, the node
 	// is overloaded: it paces as when busy, and the delay may grow to
-	// 1.5 times MaxWriteDelay, so that the backlog turns into fewer, larger
-	// writes rather than into seconds of latency. Nil means the Go
-	// runtime's /sched/latencies:seconds. With shared writers (Writers)
-	// the pacer adds the writer pool's own waits: paced sessions taken,
-	// and those taken 5 ms or more late.
+	// OverloadWriteDelay. Nil means the Go runtime's
+	// /sched/latencies:seconds. With shared writers (Writers) the pacer
+	// adds the writer pool's own waits: sessions taken, and those taken
+	// late (a paced one 5 ms or more after it was due, a ready one after
+	// waiting MaxWriteDelay + 5 ms or more in the line).
 	SchedWaits func() (long, total uint64)
 
 	// MaxSubscriptions caps active subscriptions per session.
@@ -267,6 +276,11 @@ type Config struct {
 // minAdminToken is the shortest admin token New accepts.
 const minAdminToken = 16
 
+// maxPaceDelay bounds MaxWriteDelay and OverloadWriteDelay: a write held
+// longer would sit in a queue past any useful latency, and the pacer's
+// arithmetic stays far from overflow.
+const maxPaceDelay = 10 * time.Second
+
 func (c Config) withDefaults() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -285,7 +299,8 @@ func (c Config) withDefaults() (Config, error) {
 	if c.CPUTime == nil {
 		c.CPUTime = processCPU
 	}
-	setDefault(&c.MaxWriteDelay, 50*time.Millisecond)
+	setDefault(&c.MaxWriteDelay, 20*time.Millisecond)
+	setDefault(&c.OverloadWriteDelay, 75*time.Millisecond)
 	setDefault(&c.Writers, runtime.GOMAXPROCS(0))
 	if c.SchedWaits == nil {
 		c.SchedWaits = runtimeSchedWaits
@@ -329,6 +344,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("gateway: negative limit in config")
 	case c.PresenceTTL < 0, c.PresenceWindow < 0, c.PresenceLeaveGrace < 0, c.PresenceMaxListed < 0:
 		return c, fmt.Errorf("gateway: negative presence setting in config")
+	case c.MaxWriteDelay > maxPaceDelay || c.OverloadWriteDelay > maxPaceDelay:
+		return c, fmt.Errorf("gateway: MaxWriteDelay and OverloadWriteDelay must be at most %v", maxPaceDelay)
 	case c.Presence == nil && c.PresenceLeaveGrace < c.PresenceWindow:
 		return c, fmt.Errorf("gateway: PresenceLeaveGrace shorter than PresenceWindow")
 	case c.AdminToken != "" && len(c.AdminToken) < minAdminToken:

@@ -24,7 +24,7 @@ import (
 // second. While busy the delay grows by half each pacerTick (starting at
 // pacerMinDelay); while clearly idle (CPU under 60% of PaceCPU and the rate
 // under half the budget) it halves; in between it holds. It stays within
-// [0, MaxWriteDelay] (1.5×MaxWriteDelay while overloaded).
+// [0, MaxWriteDelay] ([0, OverloadWriteDelay] while overloaded).
 //
 // Overload is a stronger state, seen from the Go scheduler rather than
 // from the node's own CPU: the share of scheduling waits of about a
@@ -32,22 +32,24 @@ import (
 // writers readied faster than they run, or other processes taking the
 // cores), averaged over the last few ticks, above 40%. While overloaded
 // the node counts as busy whatever its CPU and rate, and the delay may
-// grow to 1.5 times MaxWriteDelay; once the overload ends it eases back to
-// MaxWriteDelay by a quarter per tick. On the benchmark machine, with a
+// grow to OverloadWriteDelay; once the overload ends it eases back to
+// MaxWriteDelay by a sixteenth per tick, so that an overload the average
+// sees on and off keeps the delay up rather than swinging it (see
+// easeBack). On the benchmark machine, with a
 // goroutine per busy session, 5,000 subscribers × 100 msg/s (500,000
 // deliveries a second on 2 cores) had a median tick share of 51%
 // (quartiles 35-67%) and a p99 of seconds at the 50 ms bound; 1,000 ×
 // 1,000 had 24% (13-41%, so it is sometimes judged overloaded too) and the
 // topics run 21% (11-34%) (docs/benchmarks.md). With shared writers
 // (writerPool) sessions waiting for a writer are no longer goroutines the
-// scheduler sees, so the waits also count every paced session the pool
-// took, as long those it took poolLateWait (5 ms) or more after it was
-// due.
+// scheduler sees, so the waits also count every session the pool took,
+// as long those it took late (see writerPool.waits).
 type pacer struct {
 	budget     float64 // writes per second
 	cpuShare   float64 // busy above this share of the cores
 	cores      float64
 	maxDelay   int64 // nanoseconds
+	overDelay  int64 // nanoseconds: the bound while overloaded, at least maxDelay
 	cpuTime    func() time.Duration
 	schedWaits func() (long, total uint64)
 	stop       <-chan struct{}
@@ -64,14 +66,21 @@ const (
 	pacerMinDelay = time.Millisecond
 
 	// overloadShare is the share of scheduling waits over longWait
-	// (poolLateWait for the pool's turns),
+	// (late turns for the writer pool, see writerPool.waits),
 	// averaged with weight shareWeight for the newest tick, above which
-	// the node is overloaded; overloadFactor is how far past
-	// MaxWriteDelay the delay may then grow.
-	overloadShare  = 0.4
-	shareWeight    = 0.25
-	longWait       = time.Millisecond
-	overloadFactor = 1.5
+	// the node is overloaded.
+	overloadShare = 0.4
+	shareWeight   = 0.25
+	longWait      = time.Millisecond
+	// easeBack is the share of the delay shed per tick on the way back
+	// from an overload's bound to MaxWriteDelay: 1/16, so about 20
+	// ticks (1 s) from 75 to 20 ms while still busy. The overload average flickers
+	// around its threshold under a sustained overload; at a quarter per
+	// tick each flicker dropped the delay toward MaxWriteDelay and the
+	// backlog grew meanwhile (5,000 × 100 on the benchmark machine: p99
+	// 119-133 ms against 101-108, three runs each, docs/benchmarks.md,
+	// "A shorter pacing delay").
+	easeBack = 16
 	// minWaits is the fewest waits a tick needs for its share to count.
 	minWaits = 100
 )
@@ -82,6 +91,7 @@ func newPacer(cfg Config, stop <-chan struct{}, gauge interface{ Set(float64) })
 		cpuShare:   cfg.PaceCPU,
 		cores:      float64(runtime.GOMAXPROCS(0)),
 		maxDelay:   int64(cfg.MaxWriteDelay),
+		overDelay:  int64(max(cfg.OverloadWriteDelay, cfg.MaxWriteDelay)),
 		cpuTime:    cfg.CPUTime,
 		schedWaits: cfg.SchedWaits,
 		stop:       stop,
@@ -129,8 +139,8 @@ func (p *pacer) run() {
 }
 
 // overloaded folds a tick with total scheduling waits, long of them over
-// longWait (poolLateWait for the pool's turns), into the moving average and reports whether it shows the node
-// overloaded. A tick with fewer than minWaits waits counts the missing
+// longWait (late, for the writer pool's turns: see writerPool.waits), into
+// the moving average and reports whether it shows the node overloaded. A tick with fewer than minWaits waits counts the missing
 // ones as short: the runtime samples about one wait in eight, so a quiet
 // node reports almost none, and its average must still fall.
 func (p *pacer) overloaded(long, total uint64) bool {
@@ -178,9 +188,9 @@ func (p *pacer) adjust(rate, cpu float64, overload bool) {
 	bound := p.maxDelay
 	switch {
 	case overload:
-		bound = int64(overloadFactor * float64(bound))
+		bound = p.overDelay
 	case d > p.maxDelay:
-		bound = max(p.maxDelay, d-d/4) // ease back after an overload
+		bound = max(p.maxDelay, d-d/easeBack) // ease back after an overload
 	}
 	switch {
 	case busy && d == 0:

@@ -53,11 +53,12 @@ func TestPacer_Adjust(t *testing.T) {
 }
 
 // TestPacer_Overload: an overloaded node paces even with its own CPU and
-// write rate low, its delay may grow to 1.5 times MaxWriteDelay, and after the
-// overload it eases back to MaxWriteDelay (not to zero) while busy.
+// write rate low, its delay may grow to OverloadWriteDelay, and after the
+// overload it eases back to MaxWriteDelay (not to zero) while busy, by a
+// sixteenth per tick.
 func TestPacer_Overload(t *testing.T) {
 	g := &gaugeRecorder{}
-	cfg, err := Config{WriteBudget: 1000, PaceCPU: 0.5, MaxWriteDelay: 50 * time.Millisecond}.withDefaults()
+	cfg, err := Config{WriteBudget: 1000, PaceCPU: 0.5, MaxWriteDelay: 50 * time.Millisecond, OverloadWriteDelay: 80 * time.Millisecond}.withDefaults()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,11 +70,11 @@ func TestPacer_Overload(t *testing.T) {
 	for range 40 {
 		p.adjust(100, 0.9, true)
 	}
-	if p.delay() != 75*time.Millisecond || g.v != 0.075 {
-		t.Fatalf("overload bound: delay %v gauge %v, want 75ms", p.delay(), g.v)
+	if p.delay() != 80*time.Millisecond || g.v != 0.08 {
+		t.Fatalf("overload bound: delay %v gauge %v, want 80ms", p.delay(), g.v)
 	}
 	p.adjust(100, 0.9, false) // still busy, no longer overloaded
-	if want := 56250 * time.Microsecond; p.delay() != want {
+	if want := 75 * time.Millisecond; p.delay() != want {
 		t.Fatalf("easing back: delay %v, want %v", p.delay(), want)
 	}
 	for range 10 {
@@ -81,6 +82,45 @@ func TestPacer_Overload(t *testing.T) {
 	}
 	if p.delay() != 50*time.Millisecond {
 		t.Fatalf("after the overload: delay %v, want the normal bound 50ms", p.delay())
+	}
+}
+
+// TestConfig_WriteDelays: the pacing bounds default to 20 and 75 ms, and
+// a bound over maxPaceDelay is refused rather than left to overflow.
+func TestConfig_WriteDelays(t *testing.T) {
+	cfg, err := Config{}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.MaxWriteDelay != 20*time.Millisecond || cfg.OverloadWriteDelay != 75*time.Millisecond {
+		t.Fatalf("defaults: MaxWriteDelay %v, OverloadWriteDelay %v; want 20ms, 75ms", cfg.MaxWriteDelay, cfg.OverloadWriteDelay)
+	}
+	for _, c := range []Config{{MaxWriteDelay: maxPaceDelay + 1}, {OverloadWriteDelay: math.MaxInt64}} {
+		if _, err := c.withDefaults(); err == nil {
+			t.Errorf("MaxWriteDelay %v, OverloadWriteDelay %v: accepted", c.MaxWriteDelay, c.OverloadWriteDelay)
+		}
+	}
+}
+
+// TestPacer_OverloadBoundNotBelowMax: an OverloadWriteDelay under
+// MaxWriteDelay does not shrink the delay when the node is overloaded.
+func TestPacer_OverloadBoundNotBelowMax(t *testing.T) {
+	cfg, err := Config{WriteBudget: 1000, PaceCPU: 0.5, MaxWriteDelay: 30 * time.Millisecond, OverloadWriteDelay: 10 * time.Millisecond}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newPacer(cfg, nil, &gaugeRecorder{})
+	for range 40 {
+		p.adjust(100, 0.9, false)
+	}
+	if p.delay() != 30*time.Millisecond {
+		t.Fatalf("busy bound: delay %v, want 30ms", p.delay())
+	}
+	for range 5 {
+		p.adjust(100, 0.9, true)
+	}
+	if p.delay() != 30*time.Millisecond {
+		t.Fatalf("overloaded: delay %v, want MaxWriteDelay (30ms)", p.delay())
 	}
 }
 
@@ -164,8 +204,8 @@ func TestRuntimeSchedWaits(t *testing.T) {
 
 // TestPacer_RunOverload runs the pacer's loop with injected clocks: the
 // node's own CPU and write rate stay at zero, but the scheduler reports
-// 90% of its waits as long, so the delay must climb to 1.5 times
-// MaxWriteDelay; once the waits are short again it must come back down.
+// 90% of its waits as long, so the delay must climb to
+// OverloadWriteDelay; once the waits are short again it must come back down.
 func TestPacer_RunOverload(t *testing.T) {
 	var long, total atomic.Uint64
 	share := atomic.Int64{} // percent of each tick's waits that are long
@@ -174,8 +214,9 @@ func TestPacer_RunOverload(t *testing.T) {
 	var reads atomic.Int64
 	g := &syncGauge{}
 	cfg, err := Config{
-		MaxWriteDelay: 4 * time.Millisecond,
-		CPUTime:       func() time.Duration { return 0 },
+		MaxWriteDelay:      4 * time.Millisecond,
+		OverloadWriteDelay: 6 * time.Millisecond,
+		CPUTime:            func() time.Duration { return 0 },
 		SchedWaits: func() (uint64, uint64) {
 			reads.Add(1)
 			// Each read adds a tick's worth of waits: 1,000 at 90%

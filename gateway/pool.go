@@ -39,16 +39,18 @@ type writerPool struct {
 	stalled  func() // called when a turn outlives stuckTurn; may be nil
 	yield    func() // runtime.Gosched; tests replace it before the first session
 
+	readyLate int64 // static: nanoseconds in the line after which a ready session's wait counts as long (see waits); 0: never counted
+
 	mu     sync.Mutex
-	late   uint64        // guarded by mu: held sessions taken poolLateWait or more after due
-	taken  uint64        // guarded by mu: held sessions taken
-	ready  []*session    // guarded by mu: ready[head:] in arrival order
-	head   int           // guarded by mu
-	held   heldHeap      // guarded by mu: paced sessions by due time
-	idle   []*poolWorker // guarded by mu
-	all    []*poolWorker // guarded by mu: every running worker, for watch
-	stalls int           // guarded by mu: workers watch replaced
-	size   int           // static: the workers asked for; watch keeps at most twice as many
+	late   uint64         // guarded by mu: sessions taken late (see waits)
+	taken  uint64         // guarded by mu: sessions taken
+	ready  []readySession // guarded by mu: ready[head:] in arrival order
+	head   int            // guarded by mu
+	held   heldHeap       // guarded by mu: paced sessions by due time
+	idle   []*poolWorker  // guarded by mu
+	all    []*poolWorker  // guarded by mu: every running worker, for watch
+	stalls int            // guarded by mu: workers watch replaced
+	size   int            // static: the workers asked for; watch keeps at most twice as many
 }
 
 // stuckTurn is how long a worker's turn may last before the pool starts
@@ -100,8 +102,11 @@ func (s *workerSlice) turnEnded(now int64) bool {
 	return true
 }
 
-func newWriterPool(workers int, stalled func()) *writerPool {
-	p := &writerPool{epoch: time.Now(), stop: make(chan struct{}), stalled: stalled, yield: runtime.Gosched, size: workers}
+// newWriterPool starts workers writers. A ready session that waits in
+// the line readyLate or longer counts as a long wait (see waits); zero
+// counts only held sessions.
+func newWriterPool(workers int, readyLate time.Duration, stalled func()) *writerPool {
+	p := &writerPool{epoch: time.Now(), stop: make(chan struct{}), stalled: stalled, yield: runtime.Gosched, size: workers, readyLate: int64(readyLate)}
 	p.mu.Lock()
 	for range workers {
 		p.startLocked()
@@ -172,8 +177,9 @@ func (p *writerPool) close() {
 // add puts s at the end of the line. s must have its writer claimed
 // (claimWriterLocked): the pool is its writer now.
 func (p *writerPool) add(s *session) {
+	since := int64(time.Since(p.epoch))
 	p.mu.Lock()
-	p.ready = append(p.ready, s)
+	p.ready = append(p.ready, readySession{s: s, since: since})
 	w := p.takeIdleLocked()
 	p.mu.Unlock()
 	if w != nil {
@@ -228,16 +234,30 @@ func (w *poolWorker) signal() {
 // load: at 1 ms the topics benchmark (50,000 publishes a second to 1,000
 // sessions, a node at about 0.75 cores) counted 36 overloaded ticks in a
 // run, at 5 ms none, while 5,000 × 100 still counted 113 and 127
-// (docs/benchmarks.md, "Shared writers").
+// (docs/benchmarks.md, "Shared writers"; measured when only held
+// sessions were counted, at a 50 ms MaxWriteDelay).
 const poolLateWait = 5 * time.Millisecond
 
-// waits counts the held sessions taken since the pool started (total) and
-// those taken poolLateWait or more after they were due (long): the pool's
-// counterpart of the runtime's scheduling waits, which the pacer's overload
-// test reads (see pacer). Held sessions are taken before ready ones, so one
-// taken late means the workers (or the cores under them) are saturated;
-// a ready session's wait is not counted, since a publish to thousands of
-// sessions makes the last of them wait whatever the load.
+// waits counts the sessions taken since the pool started (total) and those
+// taken late (long): the pool's counterpart of the runtime's scheduling
+// waits, which the pacer's overload test reads (see pacer).
+//
+// A held session is late when taken poolLateWait or more after it was
+// due: held sessions are taken before ready ones, so one taken late means
+// the workers (or the cores under them) are saturated.
+//
+// A ready session is late when it waited in the line readyLate or longer,
+// which the server sets to MaxWriteDelay plus poolLateWait: longer than
+// pacing holds a session outside an overload. A shorter wait is not counted as long,
+// since a publish to thousands of sessions makes the last of them wait
+// some milliseconds whatever the load. Ready waits must count: pacing holds
+// only sessions whose writes come close together, and when the workers
+// fall behind, a session's writes drift apart, so it stops being held and
+// its lateness would go unseen. On the benchmark machine, with a 20 ms
+// MaxWriteDelay and only held sessions counted, 5,000 subscribers × 100
+// msg/s counted no overloaded tick in a traced run, and three runs gave
+// a p99 of 160-248 ms against 102-146 for a 50 ms bound
+// (docs/benchmarks.md, "A shorter pacing delay").
 func (p *writerPool) waits() (long, total uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -261,9 +281,15 @@ func (p *writerPool) next(w *poolWorker, t *time.Timer) (s *session, due bool) {
 			return h.s, true
 		}
 		if p.head < len(p.ready) {
-			s := p.ready[p.head]
-			p.ready[p.head] = nil
+			r := p.ready[p.head]
+			p.ready[p.head] = readySession{}
 			p.head++
+			if p.readyLate > 0 {
+				p.taken++
+				if n-r.since >= p.readyLate {
+					p.late++
+				}
+			}
 			switch {
 			case p.head == len(p.ready):
 				p.ready, p.head = p.ready[:0], 0
@@ -273,7 +299,7 @@ func (p *writerPool) next(w *poolWorker, t *time.Timer) (s *session, due bool) {
 				p.ready, p.head = p.ready[:k], 0
 			}
 			p.mu.Unlock()
-			return s, false
+			return r.s, false
 		}
 		if cap(p.ready) > 4096 {
 			p.ready = nil // a burst has passed
@@ -341,6 +367,13 @@ func (p *writerPool) work(w *poolWorker) {
 			return
 		}
 	}
+}
+
+// readySession is a session in the line, since when it joined it
+// (nanoseconds since the pool's epoch).
+type readySession struct {
+	s     *session
+	since int64
 }
 
 // heldSession is a session the pacer holds until due.

@@ -202,3 +202,60 @@ func TestWorkerSlice(t *testing.T) {
 		}
 	}
 }
+
+// TestWriterPool_CountsLateReadyTurns: a ready session taken after waiting
+// readyLate or longer in the line counts as a long wait for the pacer, one
+// taken sooner only in the total, and with readyLate zero ready turns are
+// not counted at all. (The line's clock is moved back rather than slept
+// on: the pool keeps time since its epoch.)
+func TestWriterPool_CountsLateReadyTurns(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		readyLate   time.Duration
+		long, total uint64
+	}{
+		{"late", time.Millisecond, 1, 1},
+		{"on time", time.Hour, 0, 1},
+		{"not counted", 0, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newWriterPool(0, tc.readyLate, nil) // no workers: the test takes the turn
+			defer p.close()
+			s := &session{}
+			p.add(s)
+			p.mu.Lock()
+			p.ready[p.head].since -= int64(time.Second) // it joined the line a second ago
+			p.mu.Unlock()
+			got, due := p.next(&poolWorker{wake: make(chan struct{}, 1)}, time.NewTimer(time.Hour))
+			if got != s || due {
+				t.Fatalf("next = %p, due %v; want the ready session %p, not due", got, due, s)
+			}
+			if long, total := p.waits(); long != tc.long || total != tc.total {
+				t.Fatalf("waits = %d long of %d, want %d of %d", long, total, tc.long, tc.total)
+			}
+		})
+	}
+}
+
+// TestWriterPool_ReadyLateFollowsTheDelay: the server counts a ready turn
+// as late after MaxWriteDelay + poolLateWait, and not at all with pacing
+// off (no pacer reads the waits then).
+func TestWriterPool_ReadyLateFollowsTheDelay(t *testing.T) {
+	for _, tc := range []struct {
+		delay, want time.Duration
+	}{
+		{0, 20*time.Millisecond + poolLateWait}, // the default delay
+		{40 * time.Millisecond, 40*time.Millisecond + poolLateWait},
+		{-1, 0}, // pacing off
+	} {
+		srv, err := New(Config{Writers: 1, MaxWriteDelay: tc.delay})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := time.Duration(srv.pool.readyLate)
+		srv.Shutdown(context.Background())
+		if got != tc.want {
+			t.Errorf("MaxWriteDelay %v: readyLate %v, want %v", tc.delay, got, tc.want)
+		}
+	}
+}

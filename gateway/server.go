@@ -118,7 +118,11 @@ func New(cfg Config) (*Server, error) {
 	s.metrics = newMetrics(reg)
 	pcfg := cfg
 	if cfg.Writers > 0 {
-		s.pool = newWriterPool(cfg.Writers, s.metrics.writerStalls.Inc)
+		var readyLate time.Duration
+		if cfg.MaxWriteDelay > 0 {
+			readyLate = cfg.MaxWriteDelay + poolLateWait
+		}
+		s.pool = newWriterPool(cfg.Writers, readyLate, s.metrics.writerStalls.Inc)
 		// With shared writers, sessions waiting for one no longer show as
 		// runnable goroutines: the pool's late turns count as waits too.
 		pcfg.SchedWaits = func() (long, total uint64) {

@@ -183,16 +183,25 @@ var settings = []setting{
 			c.Gateway.PaceCPU = f
 			return nil
 		}},
-	{"max-write-delay", "SYNCGATE_MAX_WRITE_DELAY", "50ms", "longest a busy session's frames wait to share a message when over the write budget, 1.5 times this while the node is overloaded (0s turns pacing off)",
+	{"max-write-delay", "SYNCGATE_MAX_WRITE_DELAY", "20ms", "longest a busy session's frames wait to share a message when over the write budget or the CPU share (0s turns pacing off; at most 10s)",
 		func(c *config, v string) error {
 			d, err := time.ParseDuration(v)
-			if err != nil || d < 0 {
-				return fmt.Errorf("want a duration like 20ms, got %q", v)
+			if err != nil || d < 0 || d > 10*time.Second {
+				return fmt.Errorf("want a duration like 20ms, at most 10s, got %q", v)
 			}
 			if d == 0 {
 				d = -1 // gateway.Config: negative means off
 			}
 			c.Gateway.MaxWriteDelay = d
+			return nil
+		}},
+	{"overload-write-delay", "SYNCGATE_OVERLOAD_WRITE_DELAY", "75ms", "longest a busy session's frames wait to share a message while the node is overloaded (never less than max-write-delay; at most 10s)",
+		func(c *config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 || d > 10*time.Second {
+				return fmt.Errorf("want a duration like 75ms, over 0 and at most 10s, got %q", v)
+			}
+			c.Gateway.OverloadWriteDelay = d
 			return nil
 		}},
 	{"writers", "SYNCGATE_WRITERS", "auto", "goroutines that write for sessions on TCP and Unix-socket connections, taking busy sessions in turn (auto: one per core; off: a goroutine per busy session, as TLS connections, and all on systems other than Linux, macOS and OpenBSD, always have)",

@@ -43,6 +43,19 @@ func TestParseConfig_Writers(t *testing.T) {
 	}
 }
 
+// TestParseConfig_WriteDelays: -max-write-delay and -overload-write-delay
+// map onto the gateway's pacing bounds, 0s turning pacing off.
+func TestParseConfig_WriteDelays(t *testing.T) {
+	t.Parallel()
+	c, err := parseConfig([]string{"-max-write-delay", "0s"}, env(map[string]string{"SYNCGATE_OVERLOAD_WRITE_DELAY": "120ms"}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := c.Gateway; g.MaxWriteDelay >= 0 || g.OverloadWriteDelay != 120*time.Millisecond {
+		t.Fatalf("MaxWriteDelay %v (want negative: off), OverloadWriteDelay %v (want 120ms)", g.MaxWriteDelay, g.OverloadWriteDelay)
+	}
+}
+
 // TestParseConfig_Precedence: flags beat env, env beats the YAML file,
 // the file beats defaults.
 func TestParseConfig_Precedence(t *testing.T) {
@@ -133,6 +146,9 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"tiny max token", nil, map[string]string{"SYNCGATE_MAX_TOKEN": "10"}, "SYNCGATE_MAX_TOKEN"},
 		{"writers zero", nil, map[string]string{"SYNCGATE_WRITERS": "0"}, "SYNCGATE_WRITERS"},
 		{"writers word", []string{"-writers", "many"}, nil, "-writers"},
+		{"overload delay zero", []string{"-overload-write-delay", "0s"}, nil, "-overload-write-delay"},
+		{"write delay over 10s", []string{"-max-write-delay", "11s"}, nil, "-max-write-delay"},
+		{"overload delay word", nil, map[string]string{"SYNCGATE_OVERLOAD_WRITE_DELAY": "long"}, "SYNCGATE_OVERLOAD_WRITE_DELAY"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
