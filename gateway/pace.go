@@ -73,13 +73,14 @@ const (
 	shareWeight   = 0.25
 	longWait      = time.Millisecond
 	// easeBack is the share of the delay shed per tick on the way back
-	// from an overload's bound to MaxWriteDelay: 1/16, so about 20
-	// ticks (1 s) from 75 to 20 ms while still busy. The overload average flickers
-	// around its threshold under a sustained overload; at a quarter per
-	// tick each flicker dropped the delay toward MaxWriteDelay and the
-	// backlog grew meanwhile (5,000 × 100 on the benchmark machine: p99
-	// 119-133 ms against 101-108, three runs each, docs/benchmarks.md,
-	// "A shorter pacing delay").
+	// from an overload's bound to MaxWriteDelay: 1/16, so about 20 ticks
+	// (1 s) from 75 to 20 ms while still busy. The overload average
+	// flickers around its threshold under a sustained overload; at a
+	// quarter per tick each flicker dropped the delay toward
+	// MaxWriteDelay and the backlog grew meanwhile (5,000 × 100 on the
+	// benchmark machine, with a temporary build that counted ready waits
+	// from 10 ms: p99 119-133 ms against 101-108, three runs each;
+	// docs/benchmarks.md, "A shorter pacing delay").
 	easeBack = 16
 	// minWaits is the fewest waits a tick needs for its share to count.
 	minWaits = 100
@@ -140,9 +141,10 @@ func (p *pacer) run() {
 
 // overloaded folds a tick with total scheduling waits, long of them over
 // longWait (late, for the writer pool's turns: see writerPool.waits), into
-// the moving average and reports whether it shows the node overloaded. A tick with fewer than minWaits waits counts the missing
-// ones as short: the runtime samples about one wait in eight, so a quiet
-// node reports almost none, and its average must still fall.
+// the moving average and reports whether it shows the node overloaded. A
+// tick with fewer than minWaits waits counts the missing ones as short:
+// the runtime samples about one wait in eight, so a quiet node reports
+// almost none, and its average must still fall.
 func (p *pacer) overloaded(long, total uint64) bool {
 	share := float64(long) / float64(max(total, minWaits))
 	p.waitShare += shareWeight * (share - p.waitShare)
