@@ -259,3 +259,59 @@ func TestWriterPool_ReadyLateFollowsTheDelay(t *testing.T) {
 		}
 	}
 }
+
+// TestSession_HoldsOnlyWhatBatches: pacing holds a session only when a
+// delay's wait would gather at least one and a half of its frames at the
+// rate its last batch came, its last two writes were within twice the
+// delay, and its queue is not pressed; the hold ends one delay after its
+// last write.
+func TestSession_HoldsOnlyWhatBatches(t *testing.T) {
+	now := time.Unix(1000, 0)
+	// Pacing off (MaxWriteDelay < 0): the pacer's loop never runs, so the
+	// delay stored below stays.
+	srv, err := New(Config{Writers: 1, SendQueueMessages: 64, MaxWriteDelay: -1,
+		Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown(context.Background())
+	s, _ := pooledSession(t, srv, "id")
+	const d = 20 * time.Millisecond
+	srv.pacer.delayNs.Store(int64(d))
+	ms := func(n float64) int64 { return int64(n * float64(time.Millisecond)) }
+	for _, tc := range []struct {
+		name  string
+		count int
+		gap   int64
+		want  time.Duration
+	}{
+		{"a frame a delay apart", 1, ms(20), 0},
+		{"a frame 14 ms apart: 1.43 a delay", 1, ms(14), 0},
+		{"a frame 13 ms apart: 1.54 a delay", 1, ms(13), 15 * time.Millisecond},
+		{"two frames a delay apart", 2, ms(20), 15 * time.Millisecond},
+		{"twenty frames a delay apart", 20, ms(20), 15 * time.Millisecond},
+		{"many frames, but writes two delays apart", 100, ms(40), 0},
+		{"clock stepped back", 1, -ms(1), 15 * time.Millisecond},
+	} {
+		s.lastCount, s.lastGap, s.lastWrite = tc.count, tc.gap, now.UnixNano()-ms(5)
+		if got := s.holdFor(); got != tc.want {
+			t.Errorf("%s: holdFor() = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+
+	s.lastCount, s.lastGap = 20, ms(20)
+	for range srv.cfg.SendQueueMessages / 8 {
+		s.q.push(outItem{body: []byte(`{}`), kind: idxPatch}, srv.cfg.SendQueueMessages, srv.cfg.SendQueueBytes)
+	}
+	if got := s.holdFor(); got != 0 {
+		t.Errorf("a queue an eighth full: holdFor() = %v, want 0", got)
+	}
+	srv.pool.add(s) // the pool writes the queue and releases the writer
+	released := make(chan struct{})
+	go func() { s.writers.Wait(); close(released) }()
+	select {
+	case <-released:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the session's writer was never released")
+	}
+}

@@ -69,6 +69,7 @@ type session struct {
 	pingTimer *time.Timer
 	lastWrite int64 // owned by the running writer: Unix nanoseconds of its last batch
 	lastGap   int64 // owned by the running writer: nanoseconds between its last two batches
+	lastCount int   // owned by the running writer: frames in its last batch
 	// writeBroken is set by the writer after a failed write; owned by the
 	// running writer.
 	writeBroken bool
