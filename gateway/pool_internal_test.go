@@ -264,7 +264,8 @@ func TestWriterPool_ReadyLateFollowsTheDelay(t *testing.T) {
 // delay's wait would gather at least one and a half of its frames at the
 // rate its last batch came, its last two writes were within twice the
 // delay, and its queue is not pressed; the hold ends one delay after its
-// last write.
+// last write, or sooner when a full batch (holdFull frames) would have
+// come by then at that rate.
 func TestSession_HoldsOnlyWhatBatches(t *testing.T) {
 	now := time.Unix(1000, 0)
 	// Pacing off (MaxWriteDelay < 0): the pacer's loop never runs, so the
@@ -290,6 +291,12 @@ func TestSession_HoldsOnlyWhatBatches(t *testing.T) {
 		{"a frame 13 ms apart: 1.54 a delay", 1, ms(13), 15 * time.Millisecond},
 		{"two frames a delay apart", 2, ms(20), 15 * time.Millisecond},
 		{"twenty frames a delay apart", 20, ms(20), 15 * time.Millisecond},
+		{"64 frames a delay apart: a full batch a delay", 64, ms(20), 15 * time.Millisecond},
+		{"640 frames a delay apart: a full batch in 2 ms", 640, ms(20), 0},
+		{"640 frames 40 ms apart, beyond twice the delay", 640, ms(40), 0},
+		{"1280 frames 10 ms apart: a full batch in 0.5 ms", 1280, ms(10), 0},
+		{"64 frames 10 ms apart: a full batch in 10 ms", 64, ms(10), 5 * time.Millisecond},
+		{"128 frames 15 ms apart: a full batch in 7.5 ms", 128, ms(15), 2500 * time.Microsecond},
 		{"many frames, but writes two delays apart", 100, ms(40), 0},
 		{"clock stepped back", 1, -ms(1), 15 * time.Millisecond},
 	} {
