@@ -15,9 +15,10 @@ import (
 //
 // While the pacing delay is non-zero, every session waits up to it after
 // its last write before writing again, and the frames queued meanwhile go
-// out together. Quiet sessions (whose frames are further apart than the
-// delay) are never held back, and a session whose queue fills up writes at
-// once.
+// out together. Only sessions a hold would batch are held (see
+// session.holdFor): not one whose frames come about a delay apart or
+// further, and one whose frames come fast waits only until a full batch
+// has come. A session whose queue fills up writes at once.
 //
 // The node is busy when its own CPU use over the last tick exceeds
 // PaceCPU of its cores, or when it writes more than WriteBudget messages a

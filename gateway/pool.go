@@ -251,9 +251,11 @@ const poolLateWait = 5 * time.Millisecond
 // pacing holds a session outside an overload. A shorter wait is not counted as long,
 // since a publish to thousands of sessions makes the last of them wait
 // some milliseconds whatever the load. Ready waits must count: pacing holds
-// only sessions whose writes come close together, and when the workers
-// fall behind, a session's writes drift apart, so it stops being held and
-// its lateness would go unseen. On the benchmark machine, with a 20 ms
+// only sessions a hold would batch (session.holdFor), whose writes come
+// close together; when the workers fall behind, a session's writes drift
+// apart, so it stops being held and its lateness would go unseen. A
+// session never held (one getting a frame about every delay) counts as
+// late from readyLate too. On the benchmark machine, with a 20 ms
 // MaxWriteDelay and only held sessions counted, 5,000 subscribers × 100
 // msg/s counted no overloaded tick in a traced run, and three runs gave
 // a p99 of 160-248 ms against 102-146 for a 50 ms bound

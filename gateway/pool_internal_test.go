@@ -260,6 +260,50 @@ func TestWriterPool_ReadyLateFollowsTheDelay(t *testing.T) {
 	}
 }
 
+// holdServer is a server whose pacer counts the node busy on every tick
+// (CPUTime runs a hundred times faster than the wall clock) and reads its
+// scheduling waits from sched, with a clock fixed at now; the caller shuts
+// it down. It waits until the pacing delay has settled at want, where a
+// busy node keeps it.
+func holdServer(t *testing.T, now time.Time, sched func() (long, total uint64), want time.Duration) *Server {
+	t.Helper()
+	start := time.Now()
+	srv, err := New(Config{
+		Writers: 1, SendQueueMessages: 64,
+		MaxWriteDelay: 20 * time.Millisecond, OverloadWriteDelay: 75 * time.Millisecond,
+		CPUTime:    func() time.Duration { return 100 * time.Since(start) },
+		SchedWaits: sched,
+		Now:        func() time.Time { return now },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for srv.pacer.delay() != want {
+		if time.Now().After(deadline) {
+			srv.Shutdown(context.Background())
+			t.Fatalf("pacing delay %v, want it to settle at %v", srv.pacer.delay(), want)
+		}
+		time.Sleep(5 * time.Millisecond) // polling the pacer's state, with a deadline
+	}
+	return srv
+}
+
+// releaseWriter hands s, with its writer claimed, to the pool, which
+// writes its queue (after a hold, if the pacer would hold it) and releases
+// the writer.
+func releaseWriter(t *testing.T, srv *Server, s *session) {
+	t.Helper()
+	srv.pool.add(s)
+	released := make(chan struct{})
+	go func() { s.writers.Wait(); close(released) }()
+	select {
+	case <-released:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the session's writer was never released")
+	}
+}
+
 // TestSession_HoldsOnlyWhatBatches: pacing holds a session only when a
 // delay's wait would gather at least one and a half of its frames at the
 // rate its last batch came, its last two writes were within twice the
@@ -268,57 +312,63 @@ func TestWriterPool_ReadyLateFollowsTheDelay(t *testing.T) {
 // come by then at that rate.
 func TestSession_HoldsOnlyWhatBatches(t *testing.T) {
 	now := time.Unix(1000, 0)
-	// Pacing off (MaxWriteDelay < 0): the pacer's loop never runs, so the
-	// delay stored below stays.
-	srv, err := New(Config{Writers: 1, SendQueueMessages: 64, MaxWriteDelay: -1,
-		Now: func() time.Time { return now }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	const d = 20 * time.Millisecond
+	srv := holdServer(t, now, func() (uint64, uint64) { return 0, 0 }, d)
 	defer srv.Shutdown(context.Background())
 	s, _ := pooledSession(t, srv, "id")
-	const d = 20 * time.Millisecond
-	srv.pacer.delayNs.Store(int64(d))
 	ms := func(n float64) int64 { return int64(n * float64(time.Millisecond)) }
 	for _, tc := range []struct {
 		name  string
 		count int
 		gap   int64
+		ago   int64 // the last write, before now
 		want  time.Duration
 	}{
-		{"a frame a delay apart", 1, ms(20), 0},
-		{"a frame 14 ms apart: 1.43 a delay", 1, ms(14), 0},
-		{"a frame 13 ms apart: 1.54 a delay", 1, ms(13), 15 * time.Millisecond},
-		{"two frames a delay apart", 2, ms(20), 15 * time.Millisecond},
-		{"twenty frames a delay apart", 20, ms(20), 15 * time.Millisecond},
-		{"64 frames a delay apart: a full batch a delay", 64, ms(20), 15 * time.Millisecond},
-		{"640 frames a delay apart: a full batch in 2 ms", 640, ms(20), 0},
-		{"640 frames 40 ms apart, beyond twice the delay", 640, ms(40), 0},
-		{"1280 frames 10 ms apart: a full batch in 0.5 ms", 1280, ms(10), 0},
-		{"64 frames 10 ms apart: a full batch in 10 ms", 64, ms(10), 5 * time.Millisecond},
-		{"128 frames 15 ms apart: a full batch in 7.5 ms", 128, ms(15), 2500 * time.Microsecond},
-		{"many frames, but writes two delays apart", 100, ms(40), 0},
-		{"clock stepped back", 1, -ms(1), 15 * time.Millisecond},
+		{"never written", 0, 0, 0, 0},
+		{"a frame a delay apart", 1, ms(20), ms(5), 0},
+		{"a frame 14 ms apart: 1.43 a delay", 1, ms(14), ms(5), 0},
+		{"a frame 13 ms apart: 1.54 a delay", 1, ms(13), ms(5), 15 * time.Millisecond},
+		{"two frames a delay apart", 2, ms(20), ms(5), 15 * time.Millisecond},
+		{"twenty frames a delay apart", 20, ms(20), ms(5), 15 * time.Millisecond},
+		{"many frames, but writes two delays apart", 100, ms(40), ms(5), 0},
+		{"64 frames a delay apart: a full batch a delay", 64, ms(20), ms(5), 15 * time.Millisecond},
+		{"640 frames a delay apart: a full batch in 2 ms", 640, ms(20), 0, 2 * time.Millisecond},
+		{"1280 frames 10 ms apart: a full batch in 0.5 ms", 1280, ms(10), 0, 500 * time.Microsecond},
+		{"a full batch in 2 ms, 5 ms ago", 640, ms(20), ms(5), 0},
+		{"64 frames 10 ms apart: a full batch in 10 ms", 64, ms(10), ms(5), 5 * time.Millisecond},
+		{"128 frames 15 ms apart: a full batch in 7.5 ms", 128, ms(15), ms(5), 2500 * time.Microsecond},
+		{"gap below zero (clock stepped back)", 1, -ms(1), ms(5), 15 * time.Millisecond},
+		{"last write in the future (clock stepped back)", 20, ms(20), -ms(1000), d},
+		{"a full batch in 2 ms, last write in the future", 640, ms(20), -ms(1000), 2 * time.Millisecond},
 	} {
-		s.lastCount, s.lastGap, s.lastWrite = tc.count, tc.gap, now.UnixNano()-ms(5)
+		s.lastCount, s.lastGap, s.lastWrite = tc.count, tc.gap, now.UnixNano()-tc.ago
 		if got := s.holdFor(); got != tc.want {
 			t.Errorf("%s: holdFor() = %v, want %v", tc.name, got, tc.want)
 		}
 	}
 
-	s.lastCount, s.lastGap = 20, ms(20)
+	s.lastCount, s.lastGap, s.lastWrite = 20, ms(20), now.UnixNano()-ms(5)
 	for range srv.cfg.SendQueueMessages / 8 {
 		s.q.push(outItem{body: []byte(`{}`), kind: idxPatch}, srv.cfg.SendQueueMessages, srv.cfg.SendQueueBytes)
 	}
 	if got := s.holdFor(); got != 0 {
 		t.Errorf("a queue an eighth full: holdFor() = %v, want 0", got)
 	}
-	srv.pool.add(s) // the pool writes the queue and releases the writer
-	released := make(chan struct{})
-	go func() { s.writers.Wait(); close(released) }()
-	select {
-	case <-released:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the session's writer was never released")
+	releaseWriter(t, srv, s)
+}
+
+// TestSession_OverloadHoldsFastSessionsWhole: while the node is overloaded
+// (the delay above MaxWriteDelay) a session whose frames come fast is held
+// for the whole delay, not only until a full batch has come: every
+// session's writes must thin out.
+func TestSession_OverloadHoldsFastSessionsWhole(t *testing.T) {
+	now := time.Unix(1000, 0)
+	var waits uint64 // every scheduling wait long: overloaded from the first ticks
+	srv := holdServer(t, now, func() (uint64, uint64) { waits += 1000; return waits, waits }, 75*time.Millisecond)
+	defer srv.Shutdown(context.Background())
+	s, _ := pooledSession(t, srv, "id")
+	s.lastCount, s.lastGap, s.lastWrite = 640, int64(20*time.Millisecond), now.UnixNano()-int64(5*time.Millisecond)
+	if got, want := s.holdFor(), 70*time.Millisecond; got != want {
+		t.Errorf("holdFor() = %v, want %v", got, want)
 	}
 }
