@@ -206,44 +206,7 @@ func testStalledClient(t *testing.T, writers int) {
 	})
 	url := gwtest.WSURL(ts.URL)
 
-	// The stalled client reads its hello and subscription, then nothing;
-	// its own receive buffer is small too.
-	dialer := &net.Dialer{}
-	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dialer.DialContext(ctx, network, addr)
-		if tc, ok := c.(*net.TCPConn); ok {
-			_ = tc.SetReadBuffer(8 << 10)
-		}
-		return c, err
-	}}}
-	ctx, cancel := context.WithTimeout(context.Background(), gwtest.Timeout)
-	defer cancel()
-	stalled, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{HTTPClient: hc})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stalled.CloseNow()
-	send := func(s string) {
-		if err := stalled.Write(ctx, websocket.MessageText, []byte(s)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	send(`{"type":"hello","v":1,"buildId":"","sessionId":null,"actorId":null,"resume":[]}` + "\n" +
-		`{"type":"subscribe","v":1,"op":"add","sid":"s","target":{"kind":"topic","topic":"room","cursor":null}}`)
-	for subscribed := false; !subscribed; { // up to the snapshot: subscribed before the publishes
-		_, msg, err := stalled.Read(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		frames.Split(msg, func(line []byte) bool {
-			f, err := frames.Decode(line)
-			if err != nil {
-				t.Fatalf("stalled client's setup: %v", err)
-			}
-			_, subscribed = f.(*frames.Snapshot)
-			return !subscribed
-		})
-	}
+	dialStalled(t, url, "room") // closed at cleanup
 
 	counters := make([]*orderedCounter, healthy)
 	for i := range counters {
@@ -277,6 +240,110 @@ func testStalledClient(t *testing.T, writers int) {
 	if shared := writers >= 0; shared == blockedNone {
 		t.Fatalf("shared writers %v, but:\n%s", shared, grepLines(metrics, "syncgate_writes_blocked_total"))
 	}
+}
+
+// TestGateway_DeliveryLatencyAtFlush: a message a shared writer leaves
+// pending on a full socket is observed in syncgate_delivery_latency_seconds
+// once the rest of it has gone into the socket, not when its write began.
+func TestGateway_DeliveryLatencyAtFlush(t *testing.T) {
+	gw, err := gateway.New(gateway.Config{MaxFrameBytes: 1 << 20, WriteTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewUnstartedServer(gw.Handler())
+	ts.Listener = smallBufListener{ts.Listener}
+	ts.Start()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_ = gw.Shutdown(ctx)
+		ts.Close()
+	})
+	url := gwtest.WSURL(ts.URL)
+	stalled := dialStalled(t, url, "big")
+	stalled.SetReadLimit(2 << 20)
+	pub := gwtest.Dial(t, url, nil)
+	pub.Hello("", 0)
+
+	// Half a megabyte does not fit in the two sockets' small buffers.
+	if ack := pub.Publish("k", 0, "big", `"`+strings.Repeat("x", 512<<10)+`"`); ack.Error != nil {
+		t.Fatalf("publish: %+v", ack.Error)
+	}
+	acked := time.Now()
+	gwtest.Eventually(t, gwtest.Timeout, "the write to the stalled client blocks", func() bool {
+		return metricValue(t, scrape(t, ts.URL), "syncgate_writes_blocked_total") >= 1
+	})
+	if n := metricValue(t, scrape(t, ts.URL), "syncgate_delivery_latency_seconds_count"); n != 0 {
+		t.Fatalf("%v deliveries observed while the only patch is still pending", n)
+	}
+
+	reading := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), gwtest.Timeout)
+	defer cancel()
+	_, msg, err := stalled.Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f, err := frames.Decode(msg); err != nil {
+		t.Fatalf("the pending message: %v", err)
+	} else if _, ok := f.(*frames.Patch); !ok || len(msg) < 512<<10 {
+		t.Fatalf("the pending message is a %s of %d bytes, want the patch", f.FrameType(), len(msg))
+	}
+	var metrics string
+	gwtest.Eventually(t, gwtest.Timeout, "the delivery observed", func() bool {
+		metrics = scrape(t, ts.URL)
+		return metricValue(t, metrics, "syncgate_delivery_latency_seconds_count") == 1
+	})
+	// The flush ended after the client began to read, and the patch was
+	// published before its ack came.
+	if sum, least := metricValue(t, metrics, "syncgate_delivery_latency_seconds_sum"), reading.Sub(acked).Seconds(); sum < least {
+		t.Fatalf("delivery latency %.6f s, want at least %.6f s (from the ack to the first read)", sum, least)
+	}
+}
+
+// dialStalled opens a session subscribed to topic that reads its hello, the
+// subscription's ack and snapshot, then nothing until the test reads
+// again; its receive buffer is small, so the gateway's writes back up
+// after kilobytes. The connection is closed when the test ends.
+func dialStalled(t *testing.T, url, topic string) *websocket.Conn {
+	t.Helper()
+	dialer := &net.Dialer{}
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dialer.DialContext(ctx, network, addr)
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetReadBuffer(8 << 10)
+		}
+		return c, err
+	}}}
+	ctx, cancel := context.WithTimeout(context.Background(), gwtest.Timeout)
+	defer cancel()
+	stalled, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{HTTPClient: hc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stalled.CloseNow() })
+	send := func(s string) {
+		if err := stalled.Write(ctx, websocket.MessageText, []byte(s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(`{"type":"hello","v":1,"buildId":"","sessionId":null,"actorId":null,"resume":[]}` + "\n" +
+		`{"type":"subscribe","v":1,"op":"add","sid":"s","target":{"kind":"topic","topic":"` + topic + `","cursor":null}}`)
+	for subscribed := false; !subscribed; { // up to the snapshot: subscribed before the publishes
+		_, msg, err := stalled.Read(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		frames.Split(msg, func(line []byte) bool {
+			f, err := frames.Decode(line)
+			if err != nil {
+				t.Fatalf("stalled client's setup: %v", err)
+			}
+			_, subscribed = f.(*frames.Snapshot)
+			return !subscribed
+		})
+	}
+	return stalled
 }
 
 func scrape(t testing.TB, baseURL string) string {

@@ -322,9 +322,13 @@ func (s *session) writeTurn(spare []outItem, due bool) []outItem {
 			gap, count := s.lastGap, s.lastCount
 			if err := s.netConn.flush(); err != nil {
 				s.writeFailed(err)
-			} else if _, _, err := s.writeBatch(context.Background(), rest, true); err != nil {
-				s.writeFailed(err)
+			} else {
+				s.observeDelivery(s.pendingAt)
+				if _, _, err := s.writeBatch(context.Background(), rest, true); err != nil {
+					s.writeFailed(err)
+				}
 			}
+			s.pendingAt = 0
 			s.lastGap, s.lastCount = gap, count
 			s.ownWriter(nil)
 		}()
@@ -467,7 +471,9 @@ func (s *session) writeBatch(ctx context.Context, items []outItem, wait bool) (b
 
 // writeMessage writes msg, the frames of items, as one WebSocket message
 // (see writeBatch for wait and blocked). A message left pending counts as
-// written: the rest of it goes before anything else, or the session ends.
+// written (the rest of it goes before anything else, or the session
+// ends), except in the delivery latency: that is observed when the flush
+// ends (see pendingAt).
 func (s *session) writeMessage(ctx context.Context, msg []byte, items []outItem, wait bool) (blocked bool, err error) {
 	s.netConn.cork()
 	err = s.conn.Write(ctx, websocket.MessageText, msg)
@@ -491,8 +497,18 @@ func (s *session) writeMessage(ctx context.Context, msg []byte, items []outItem,
 			oldest = at
 		}
 	}
-	if oldest != 0 {
-		m.deliveryLatency.Observe(float64(s.srv.cfg.Now().UnixNano()-oldest) / 1e9)
+	if blocked {
+		s.pendingAt = oldest
+	} else {
+		s.observeDelivery(oldest)
 	}
 	return blocked, nil
+}
+
+// observeDelivery records the delivery latency of a message whose oldest
+// patch was published at (Unix nanoseconds), if it carried one (at != 0).
+func (s *session) observeDelivery(at int64) {
+	if at != 0 {
+		s.srv.metrics.deliveryLatency.Observe(float64(s.srv.cfg.Now().UnixNano()-at) / 1e9)
+	}
 }
