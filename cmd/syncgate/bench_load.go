@@ -503,6 +503,11 @@ type cpuJSON struct {
 	ServerMessagesPerS     *float64 `json:"server_messages_per_s"`
 	ServerFramesPerMessage *float64 `json:"server_frames_per_message"`
 	ServerWriteDelayMs     *float64 `json:"server_write_delay_ms"`
+	// Pacing ticks (50 ms) the server counted as overloaded, and messages
+	// its shared writers left to a session's own goroutine on a full
+	// socket, in the window.
+	ServerOverloadTicks *float64 `json:"server_overload_ticks"`
+	ServerWritesBlocked *float64 `json:"server_writes_blocked"`
 }
 
 // stop ends the window; deliveries is what the server delivered in it.
@@ -537,6 +542,8 @@ func (w cpuWindow) stop(ctx context.Context, e *benchEnv, stderr io.Writer, deli
 	if d, ok := after.get(metricWriteDelay); ok {
 		j.ServerWriteDelayMs = ptr(round(d*1000, 2))
 	}
+	j.ServerOverloadTicks = optRound(delta(w.serverStart, after, metricOverloads), 0)
+	j.ServerWritesBlocked = optRound(delta(w.serverStart, after, metricBlocked), 0)
 	return j
 }
 
@@ -560,6 +567,9 @@ func (j cpuJSON) String() string {
 	}
 	if j.ServerWriteDelayMs != nil {
 		s += fmt.Sprintf(", pacing delay %.1fms at the end", *j.ServerWriteDelayMs)
+	}
+	if j.ServerOverloadTicks != nil && *j.ServerOverloadTicks > 0 {
+		s += fmt.Sprintf(", overloaded %.0f ticks", *j.ServerOverloadTicks)
 	}
 	if j.ServerSlowConsumer != nil && *j.ServerSlowConsumer > 0 {
 		s += fmt.Sprintf("; server closed %.0f slow consumers", *j.ServerSlowConsumer)

@@ -23,6 +23,8 @@ const (
 	metricPatchesOut   = `syncgate_frames_out_total{type="patch"}`
 	metricFramesOut    = "syncgate_frames_out_total"
 	metricWriteDelay   = "syncgate_write_delay_seconds"
+	metricOverloads    = "syncgate_overload_ticks_total"
+	metricBlocked      = "syncgate_writes_blocked_total"
 )
 
 // scrape is one read of /metrics: sample value by series, the series

@@ -95,6 +95,9 @@ func TestBench_Fanout(t *testing.T) {
 			if r.ServerCores == nil || r.BenchCores == nil || r.ServerCPUUsPerDelivery == nil {
 				t.Errorf("CPU figures missing: %+v", r.cpuJSON)
 			}
+			if r.ServerOverloadTicks == nil || r.ServerWritesBlocked == nil {
+				t.Errorf("pacing figures missing: %+v", r.cpuJSON)
+			}
 			if r.SubDisconnects != 0 {
 				t.Errorf("%d subscribers disconnected: %s", r.SubDisconnects, r.FirstDisconnect)
 			}
