@@ -40,6 +40,7 @@ type writerPool struct {
 	yield    func() // runtime.Gosched; tests replace it before the first session
 
 	readyLate int64 // static: nanoseconds in the line after which a ready session's wait counts as long (see waits); 0: never counted
+	holdBound int64 // static: the longest hold pacing may use; a ready session it would not batch is not counted (see waits)
 
 	mu     sync.Mutex
 	late   uint64         // guarded by mu: sessions taken late (see waits)
@@ -102,11 +103,13 @@ func (s *workerSlice) turnEnded(now int64) bool {
 	return true
 }
 
-// newWriterPool starts workers writers. A ready session that waits in
-// the line readyLate or longer counts as a long wait (see waits); zero
-// counts only held sessions.
-func newWriterPool(workers int, readyLate time.Duration, stalled func()) *writerPool {
-	p := &writerPool{epoch: time.Now(), stop: make(chan struct{}), stalled: stalled, yield: runtime.Gosched, size: workers, readyLate: int64(readyLate)}
+// newWriterPool starts workers writers. A ready session that a hold of
+// holdBound would batch and that waits in the line readyLate or longer
+// counts as a long wait (see waits); readyLate zero counts only held
+// sessions.
+func newWriterPool(workers int, readyLate, holdBound time.Duration, stalled func()) *writerPool {
+	p := &writerPool{epoch: time.Now(), stop: make(chan struct{}), stalled: stalled, yield: runtime.Gosched, size: workers,
+		readyLate: int64(readyLate), holdBound: int64(holdBound)}
 	p.mu.Lock()
 	for range workers {
 		p.startLocked()
@@ -248,18 +251,29 @@ const poolLateWait = 5 * time.Millisecond
 //
 // A ready session is late when it waited in the line readyLate or longer,
 // which the server sets to MaxWriteDelay plus poolLateWait: longer than
-// pacing holds a session outside an overload. A shorter wait is not counted as long,
-// since a publish to thousands of sessions makes the last of them wait
-// some milliseconds whatever the load. Ready waits must count: pacing holds
-// only sessions a hold would batch (session.holdFor), whose writes come
-// close together; when the workers fall behind, a session's writes drift
-// apart, so it stops being held and its lateness would go unseen. A
-// session never held (one getting a frame about every delay) counts as
-// late from readyLate too. On the benchmark machine, with a 20 ms
-// MaxWriteDelay and only held sessions counted, 5,000 subscribers × 100
-// msg/s counted no overloaded tick in a traced run, and three runs gave
-// a p99 of 160-248 ms against 102-146 for a 50 ms bound
+// pacing holds a session outside an overload. A shorter wait is not
+// counted as long, since a publish to thousands of sessions makes the
+// last of them wait some milliseconds whatever the load. Ready waits must
+// count: pacing holds only sessions a hold would batch (session.holdFor),
+// whose writes come close together; when the workers fall behind, a
+// session's writes drift apart, so it stops being held and its lateness
+// would go unseen. A session never held (one getting a frame about every
+// delay) counts as late from readyLate too. On the benchmark machine,
+// with a 20 ms MaxWriteDelay and only held sessions counted, 5,000
+// subscribers × 100 msg/s counted no overloaded tick in a traced run, and
+// three runs gave a p99 of 160-248 ms against 102-146 for a 50 ms bound
 // (docs/benchmarks.md, "A shorter pacing delay").
+//
+// A ready session is counted at all, late or not, only if a hold of
+// holdBound (the overload bound) would batch it (session.batches). One
+// whose frames come further apart (a subscriber getting ten a second)
+// gains nothing from any delay pacing may choose, so its wait behind a
+// big publish says nothing about whether the delay should grow. Counted,
+// 5,000 subscribers × 10 msg/s, where each publish leaves the last
+// sessions about 60 ms in the line, was judged overloaded in 42-192 of
+// its 200 ticks (three runs), and meanwhile every other session on the
+// node could be held up to the overload bound (docs/benchmarks.md, "Only
+// sessions pacing can batch count as late").
 func (p *writerPool) waits() (long, total uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -286,7 +300,7 @@ func (p *writerPool) next(w *poolWorker, t *time.Timer) (s *session, due bool) {
 			r := p.ready[p.head]
 			p.ready[p.head] = readySession{}
 			p.head++
-			if p.readyLate > 0 {
+			if p.readyLate > 0 && r.s.batches(p.holdBound) {
 				p.taken++
 				if n-r.since >= p.readyLate {
 					p.late++

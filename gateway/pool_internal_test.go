@@ -206,22 +206,33 @@ func TestWorkerSlice(t *testing.T) {
 // TestWriterPool_CountsLateReadyTurns: a ready session taken after waiting
 // readyLate or longer in the line counts as a long wait for the pacer, one
 // taken sooner only in the total, and with readyLate zero ready turns are
-// not counted at all. (The line's clock is moved back rather than slept
-// on: the pool keeps time since its epoch.)
+// not counted at all. Nor is a session that a hold of the pool's bound
+// would not batch: one whose frames come further apart, or one that has
+// not written yet. (The line's clock is moved back rather than slept on:
+// the pool keeps time since its epoch.)
 func TestWriterPool_CountsLateReadyTurns(t *testing.T) {
+	const bound = 75 * time.Millisecond
+	fast := func(s *session) { s.lastCount, s.lastGap = 2, int64(20*time.Millisecond) }
 	for _, tc := range []struct {
 		name        string
 		readyLate   time.Duration
+		last        func(*session)
 		long, total uint64
 	}{
-		{"late", time.Millisecond, 1, 1},
-		{"on time", time.Hour, 0, 1},
-		{"not counted", 0, 0, 0},
+		{"late", time.Millisecond, fast, 1, 1},
+		{"on time", time.Hour, fast, 0, 1},
+		{"not counted", 0, fast, 0, 0},
+		// 1.5 frames per bound is the least that batches (see batches).
+		{"just batches", time.Millisecond, func(s *session) { s.lastCount, s.lastGap = 1, int64(bound*2/3) }, 1, 1},
+		{"frames too far apart", time.Millisecond, func(s *session) { s.lastCount, s.lastGap = 1, int64(bound*2/3) + 1 }, 0, 0},
+		{"ten a second", time.Millisecond, func(s *session) { s.lastCount, s.lastGap = 1, int64(100*time.Millisecond) }, 0, 0},
+		{"never written", time.Millisecond, func(*session) {}, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := newWriterPool(0, tc.readyLate, nil) // no workers: the test takes the turn
+			p := newWriterPool(0, tc.readyLate, bound, nil) // no workers: the test takes the turn
 			defer p.close()
 			s := &session{}
+			tc.last(s)
 			p.add(s)
 			p.mu.Lock()
 			p.ready[p.head].since -= int64(time.Second) // it joined the line a second ago
@@ -239,23 +250,26 @@ func TestWriterPool_CountsLateReadyTurns(t *testing.T) {
 
 // TestWriterPool_ReadyLateFollowsTheDelay: the server counts a ready turn
 // as late after MaxWriteDelay + poolLateWait, and not at all with pacing
-// off (no pacer reads the waits then).
+// off (no pacer reads the waits then); it counts only sessions a hold of
+// the overload bound (at least MaxWriteDelay) would batch.
 func TestWriterPool_ReadyLateFollowsTheDelay(t *testing.T) {
 	for _, tc := range []struct {
-		delay, want time.Duration
+		delay, over, want, bound time.Duration
 	}{
-		{0, 20*time.Millisecond + poolLateWait}, // the default delay
-		{40 * time.Millisecond, 40*time.Millisecond + poolLateWait},
-		{-1, 0}, // pacing off
+		{0, 0, 20*time.Millisecond + poolLateWait, 75 * time.Millisecond}, // the defaults
+		{40 * time.Millisecond, 0, 40*time.Millisecond + poolLateWait, 75 * time.Millisecond},
+		{100 * time.Millisecond, 0, 100*time.Millisecond + poolLateWait, 100 * time.Millisecond},
+		{0, 200 * time.Millisecond, 20*time.Millisecond + poolLateWait, 200 * time.Millisecond},
+		{-1, 0, 0, 0}, // pacing off
 	} {
-		srv, err := New(Config{Writers: 1, MaxWriteDelay: tc.delay})
+		srv, err := New(Config{Writers: 1, MaxWriteDelay: tc.delay, OverloadWriteDelay: tc.over})
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := time.Duration(srv.pool.readyLate)
+		late, bound := time.Duration(srv.pool.readyLate), time.Duration(srv.pool.holdBound)
 		srv.Shutdown(context.Background())
-		if got != tc.want {
-			t.Errorf("MaxWriteDelay %v: readyLate %v, want %v", tc.delay, got, tc.want)
+		if late != tc.want || (tc.want > 0 && bound != tc.bound) {
+			t.Errorf("MaxWriteDelay %v, OverloadWriteDelay %v: readyLate %v, holdBound %v; want %v, %v", tc.delay, tc.over, late, bound, tc.want, tc.bound)
 		}
 	}
 }

@@ -243,7 +243,7 @@ func (s *session) writeFailed(err error) {
 // Only the session's writer may call it.
 func (s *session) holdFor() time.Duration {
 	d := int64(s.srv.pacer.delay())
-	if d <= 0 || s.lastCount == 0 || s.lastGap >= 2*d || !batches(s.lastCount, s.lastGap, d) ||
+	if d <= 0 || s.lastGap >= 2*d || !s.batches(d) ||
 		s.q.pressed(s.srv.cfg.SendQueueMessages/8, s.srv.cfg.SendQueueBytes/8) {
 		return 0
 	}
@@ -273,6 +273,13 @@ const (
 	holdMinNum = 3
 	holdMinDen = 2
 )
+
+// batches reports whether a hold of d nanoseconds would batch s at the
+// rate its last batch came; never for a session that has not written.
+// Only s's writer may call it, or the pool while s waits in its line.
+func (s *session) batches(d int64) bool {
+	return s.lastCount > 0 && batches(s.lastCount, s.lastGap, d)
+}
 
 // batches reports whether frames coming count in gap nanoseconds would
 // gather at least holdMinNum/holdMinDen in a wait of d nanoseconds. A gap
