@@ -40,6 +40,7 @@ type corkConn struct {
 	mu       sync.Mutex
 	corked   bool        // guarded by mu
 	pending  bool        // guarded by mu: parts start with the unwritten rest of a message (an owned copy)
+	lost     error       // guarded by mu: why a pending rest was dropped unwritten (see flush); then the stream is broken
 	small    []byte      // guarded by mu: copies of short writes
 	smallBuf *[]byte     // guarded by mu: the pooled buffer small started in, returned at uncork
 	parts    net.Buffers // guarded by mu: pending writes in order
@@ -92,6 +93,7 @@ func (c *corkConn) Write(p []byte) (int, error) {
 		}
 		if c.pending {
 			if err := c.writeAllLocked(); err != nil {
+				c.lost = err
 				return 0, err
 			}
 		}
@@ -155,12 +157,15 @@ func (c *corkConn) uncork(wait bool) (blocked bool, err error) {
 }
 
 // flush writes the rest a non-waiting uncork left, waiting for the socket
-// as long as the write deadline allows.
+// as long as the write deadline allows. It returns nil only once that
+// rest is written, by flush or by an uncorked write before it; if the
+// rest was dropped (the connection closed, or an uncorked write failed
+// in it), the stream ends inside a message and flush returns why.
 func (c *corkConn) flush() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.pending {
-		return nil
+		return c.lost
 	}
 	if err := c.armLocked(); err != nil {
 		return err
@@ -243,7 +248,10 @@ func (c *corkConn) Close() error {
 		case c.raw != nil:
 			// Without waiting: a shared writer may be about to take mu
 			// for its next message (between cork and uncork).
-			_, _ = c.writeNowLocked()
+			wasPending := c.pending
+			if blocked, err := c.writeNowLocked(); wasPending && (blocked || err != nil) {
+				c.lost = net.ErrClosed
+			}
 			c.resetPartsLocked()
 		default:
 			_ = c.Conn.SetWriteDeadline(time.Now().Add(time.Second))

@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -166,27 +167,7 @@ func TestCorkConn_UncorkWithoutWaiting(t *testing.T) {
 	}
 	cc.timeout = 10 * time.Second
 	var want bytes.Buffer
-	blocked := false
-	for i := 0; i < 1000 && !blocked; i++ {
-		msg := bytes.Repeat([]byte{byte('a' + i%26)}, 16<<10)
-		cc.cork()
-		if _, err := cc.Write(msg[:3]); err != nil { // a header: copied
-			t.Fatal(err)
-		}
-		if _, err := cc.Write(msg[3:]); err != nil { // a payload: referenced
-			t.Fatal(err)
-		}
-		want.Write(msg)
-		var err error
-		if blocked, err = cc.uncork(false); err != nil {
-			t.Fatal(err)
-		}
-		// The caller may reuse its buffers at once.
-		clear(msg)
-	}
-	if !blocked {
-		t.Fatal("16 MiB went into a socket nobody reads without blocking")
-	}
+	fillUntilBlocked(t, cc, &want)
 	got := make(chan []byte, 1)
 	go func() {
 		b, _ := io.ReadAll(c)
@@ -212,6 +193,75 @@ func TestCorkConn_UncorkWithoutWaiting(t *testing.T) {
 	_ = cc.Close()
 	if g := <-got; !bytes.Equal(g, want.Bytes()) {
 		t.Fatalf("stream differs: got %d bytes, want %d (first difference at %d)", len(g), want.Len(), firstDiff(g, want.Bytes()))
+	}
+}
+
+// fillUntilBlocked writes 16 KiB messages through cc, uncorking each
+// without waiting, until one is left pending on the full socket; it adds
+// every byte written or pending to want.
+func fillUntilBlocked(t *testing.T, cc *corkConn, want *bytes.Buffer) {
+	t.Helper()
+	for i := 0; i < 1000; i++ {
+		msg := bytes.Repeat([]byte{byte('a' + i%26)}, 16<<10)
+		cc.cork()
+		if _, err := cc.Write(msg[:3]); err != nil { // a header: copied
+			t.Fatal(err)
+		}
+		if _, err := cc.Write(msg[3:]); err != nil { // a payload: referenced
+			t.Fatal(err)
+		}
+		want.Write(msg)
+		blocked, err := cc.uncork(false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The caller may reuse its buffers at once.
+		clear(msg)
+		if blocked {
+			return
+		}
+	}
+	t.Fatal("16 MiB went into a socket nobody reads without blocking")
+}
+
+// TestCorkConn_FlushReportsADroppedRest: once the rest of a pending
+// message is dropped unwritten, flush fails rather than let the writer go
+// on after a cut frame: when the connection closes, and when an uncorked
+// write (a pong) fails while writing that rest first.
+func TestCorkConn_FlushReportsADroppedRest(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		drop func(*corkConn) error
+	}{
+		{"closed", func(cc *corkConn) error { return cc.Close() }},
+		{"pong timed out", func(cc *corkConn) error {
+			if _, err := cc.Write([]byte("pong")); err == nil {
+				return errors.New("a pong written after a rest nobody reads")
+			}
+			return nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, c := tcpPair(t)
+			if err := s.SetWriteBuffer(8 << 10); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.SetReadBuffer(8 << 10); err != nil {
+				t.Fatal(err)
+			}
+			cc := newCorkConn(s)
+			if !cc.nonBlocking() {
+				t.Skip("no writes without waiting on this system")
+			}
+			cc.timeout = 100 * time.Millisecond // the pong's wait; the peer never reads
+			fillUntilBlocked(t, cc, new(bytes.Buffer))
+			if err := tc.drop(cc); err != nil {
+				t.Fatal(err)
+			}
+			if err := cc.flush(); err == nil {
+				t.Fatal("flush = nil after the pending rest was dropped")
+			}
+		})
 	}
 }
 
