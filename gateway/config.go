@@ -165,7 +165,8 @@ type Config struct {
 	// /sched/latencies:seconds. With shared writers (Writers) the pacer
 	// adds the writer pool's own waits: sessions taken, and those taken
 	// late (a paced one 5 ms or more after it was due, a ready one after
-	// waiting MaxWriteDelay + 5 ms or more in the line).
+	// waiting MaxWriteDelay + 5 ms or more in the line, and, if pacing
+	// could not batch it, longer than its frames come apart).
 	SchedWaits func() (long, total uint64)
 
 	// MaxSubscriptions caps active subscriptions per session.
@@ -301,6 +302,7 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	setDefault(&c.MaxWriteDelay, 20*time.Millisecond)
 	setDefault(&c.OverloadWriteDelay, 75*time.Millisecond)
+	c.OverloadWriteDelay = max(c.OverloadWriteDelay, c.MaxWriteDelay) // never below it
 	setDefault(&c.Writers, runtime.GOMAXPROCS(0))
 	if c.SchedWaits == nil {
 		c.SchedWaits = runtimeSchedWaits

@@ -43,8 +43,8 @@ import (
 // 1,000 had 24% (13-41%, so it is sometimes judged overloaded too) and the
 // topics run 21% (11-34%) (docs/benchmarks.md). With shared writers
 // (writerPool) sessions waiting for a writer are no longer goroutines the
-// scheduler sees, so the waits also count every session the pool took,
-// as long those it took late (see writerPool.waits).
+// scheduler sees, so the waits also count the sessions the pool took, as
+// long those it took late (see writerPool.waits).
 type pacer struct {
 	budget     float64 // writes per second
 	cpuShare   float64 // busy above this share of the cores
@@ -93,7 +93,7 @@ func newPacer(cfg Config, stop <-chan struct{}, gauge interface{ Set(float64) })
 		cpuShare:   cfg.PaceCPU,
 		cores:      float64(runtime.GOMAXPROCS(0)),
 		maxDelay:   int64(cfg.MaxWriteDelay),
-		overDelay:  int64(max(cfg.OverloadWriteDelay, cfg.MaxWriteDelay)),
+		overDelay:  int64(cfg.OverloadWriteDelay),
 		cpuTime:    cfg.CPUTime,
 		schedWaits: cfg.SchedWaits,
 		stop:       stop,

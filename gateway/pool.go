@@ -40,7 +40,7 @@ type writerPool struct {
 	yield    func() // runtime.Gosched; tests replace it before the first session
 
 	readyLate int64 // static: nanoseconds in the line after which a ready session's wait counts as long (see waits); 0: never counted
-	holdBound int64 // static: the longest hold pacing may use; a ready session it would not batch is not counted (see waits)
+	holdBound int64 // static: the longest hold pacing may use; a ready session it would not batch is late only after its own frame gap (see waits)
 
 	mu     sync.Mutex
 	late   uint64         // guarded by mu: sessions taken late (see waits)
@@ -103,9 +103,10 @@ func (s *workerSlice) turnEnded(now int64) bool {
 	return true
 }
 
-// newWriterPool starts workers writers. A ready session that a hold of
-// holdBound would batch and that waits in the line readyLate or longer
-// counts as a long wait (see waits); readyLate zero counts only held
+// newWriterPool starts workers writers. A ready session that waits in
+// the line readyLate or longer counts as a long wait, one that a hold of
+// holdBound would not batch only once it has also waited longer than its
+// frames come apart (see waits); readyLate zero counts only held
 // sessions.
 func newWriterPool(workers int, readyLate, holdBound time.Duration, stalled func()) *writerPool {
 	p := &writerPool{epoch: time.Now(), stop: make(chan struct{}), stalled: stalled, yield: runtime.Gosched, size: workers,
@@ -264,16 +265,20 @@ const poolLateWait = 5 * time.Millisecond
 // three runs gave a p99 of 160-248 ms against 102-146 for a 50 ms bound
 // (docs/benchmarks.md, "A shorter pacing delay").
 //
-// A ready session is counted at all, late or not, only if a hold of
-// holdBound (the overload bound) would batch it (session.batches). One
-// whose frames come further apart (a subscriber getting ten a second)
-// gains nothing from any delay pacing may choose, so its wait behind a
-// big publish says nothing about whether the delay should grow. Counted,
-// 5,000 subscribers × 10 msg/s, where each publish leaves the last
-// sessions about 60 ms in the line, was judged overloaded in 42-192 of
-// its 200 ticks (three runs), and meanwhile every other session on the
-// node could be held up to the overload bound (docs/benchmarks.md, "Only
-// sessions pacing can batch count as late").
+// A ready session that a hold of holdBound (the overload bound) would
+// not batch (session.batches) is late only once it has also waited as
+// long as its frames come apart (at its last batch's rate, see
+// session.frameGap). Pacing gains nothing on such a session (a subscriber
+// getting ten frames a second), so a wait shorter than its own frame gap
+// costs it nothing and says nothing about whether the delay should grow:
+// counted from readyLate, 5,000 subscribers × 10 msg/s, where each
+// publish leaves the last sessions about 60 ms in the line, was judged
+// overloaded in 42-192 of its 200 ticks (three runs), and meanwhile every
+// other session on the node could be held up to the overload bound
+// (docs/benchmarks.md, "Only sessions pacing can batch count as late").
+// A longer wait still counts: many such sessions whose writers fall
+// behind them are an overload the scheduler cannot see, since sessions
+// waiting in the line are not goroutines.
 func (p *writerPool) waits() (long, total uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -300,9 +305,9 @@ func (p *writerPool) next(w *poolWorker, t *time.Timer) (s *session, due bool) {
 			r := p.ready[p.head]
 			p.ready[p.head] = readySession{}
 			p.head++
-			if p.readyLate > 0 && r.s.batches(p.holdBound) {
+			if p.readyLate > 0 {
 				p.taken++
-				if n-r.since >= p.readyLate {
+				if n-r.since >= max(p.readyLate, r.s.frameGap(p.holdBound)) {
 					p.late++
 				}
 			}

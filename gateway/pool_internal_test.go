@@ -206,27 +206,39 @@ func TestWorkerSlice(t *testing.T) {
 // TestWriterPool_CountsLateReadyTurns: a ready session taken after waiting
 // readyLate or longer in the line counts as a long wait for the pacer, one
 // taken sooner only in the total, and with readyLate zero ready turns are
-// not counted at all. Nor is a session that a hold of the pool's bound
-// would not batch: one whose frames come further apart, or one that has
-// not written yet. (The line's clock is moved back rather than slept on:
-// the pool keeps time since its epoch.)
+// not counted at all. A session that a hold of the pool's bound would not
+// batch (its frames come further apart) is late only once it has also
+// waited longer than its frames come apart. (The line's clock is moved
+// back rather than slept on: the pool keeps time since its epoch.)
 func TestWriterPool_CountsLateReadyTurns(t *testing.T) {
-	const bound = 75 * time.Millisecond
-	fast := func(s *session) { s.lastCount, s.lastGap = 2, int64(20*time.Millisecond) }
+	const (
+		bound     = 75 * time.Millisecond
+		readyLate = 25 * time.Millisecond
+	)
+	last := func(count int, gap time.Duration) func(*session) {
+		return func(s *session) { s.lastCount, s.lastGap = count, int64(gap) }
+	}
+	fast := last(2, 20*time.Millisecond)
 	for _, tc := range []struct {
 		name        string
 		readyLate   time.Duration
 		last        func(*session)
+		waited      time.Duration
 		long, total uint64
 	}{
-		{"late", time.Millisecond, fast, 1, 1},
-		{"on time", time.Hour, fast, 0, 1},
-		{"not counted", 0, fast, 0, 0},
+		{"late", readyLate, fast, time.Second, 1, 1},
+		{"on time", time.Hour, fast, time.Second, 0, 1},
+		{"not counted", 0, fast, time.Second, 0, 0},
+		{"fast, just late", readyLate, fast, readyLate, 1, 1},
+		{"never written", readyLate, func(*session) {}, 30 * time.Millisecond, 1, 1},
 		// 1.5 frames per bound is the least that batches (see batches).
-		{"just batches", time.Millisecond, func(s *session) { s.lastCount, s.lastGap = 1, int64(bound*2/3) }, 1, 1},
-		{"frames too far apart", time.Millisecond, func(s *session) { s.lastCount, s.lastGap = 1, int64(bound*2/3) + 1 }, 0, 0},
-		{"ten a second", time.Millisecond, func(s *session) { s.lastCount, s.lastGap = 1, int64(100*time.Millisecond) }, 0, 0},
-		{"never written", time.Millisecond, func(*session) {}, 0, 0},
+		{"just batches", readyLate, last(1, bound*2/3), 30 * time.Millisecond, 1, 1},
+		{"just does not batch", readyLate, last(1, bound*2/3+1), 30 * time.Millisecond, 0, 1},
+		// Ten frames a second: a wait behind a big publish within its
+		// frame gap is not late, one beyond it is.
+		{"slow, within its gap", readyLate, last(1, 100*time.Millisecond), 60 * time.Millisecond, 0, 1},
+		{"slow, behind its gap", readyLate, last(1, 100*time.Millisecond), 150 * time.Millisecond, 1, 1},
+		{"slow batch, behind its frame gap", readyLate, last(3, 300*time.Millisecond), 150 * time.Millisecond, 1, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newWriterPool(0, tc.readyLate, bound, nil) // no workers: the test takes the turn
@@ -235,7 +247,7 @@ func TestWriterPool_CountsLateReadyTurns(t *testing.T) {
 			tc.last(s)
 			p.add(s)
 			p.mu.Lock()
-			p.ready[p.head].since -= int64(time.Second) // it joined the line a second ago
+			p.ready[p.head].since -= int64(tc.waited) // it joined the line that long ago
 			p.mu.Unlock()
 			got, due := p.next(&poolWorker{wake: make(chan struct{}, 1)}, time.NewTimer(time.Hour))
 			if got != s || due {

@@ -122,7 +122,7 @@ func New(cfg Config) (*Server, error) {
 		if cfg.MaxWriteDelay > 0 {
 			readyLate = cfg.MaxWriteDelay + poolLateWait
 		}
-		s.pool = newWriterPool(cfg.Writers, readyLate, max(cfg.OverloadWriteDelay, cfg.MaxWriteDelay), s.metrics.writerStalls.Inc)
+		s.pool = newWriterPool(cfg.Writers, readyLate, cfg.OverloadWriteDelay, s.metrics.writerStalls.Inc)
 		// With shared writers, sessions waiting for one no longer show as
 		// runnable goroutines: the pool's late turns count as waits too.
 		pcfg.SchedWaits = func() (long, total uint64) {

@@ -281,10 +281,21 @@ func (s *session) batches(d int64) bool {
 	return s.lastCount > 0 && batches(s.lastCount, s.lastGap, d)
 }
 
+// frameGap is how far apart s's frames came in its last batch (its gap
+// over its count) if a hold of d nanoseconds would not batch it, else 0,
+// as it is for a session that has not written. The same callers as
+// batches.
+func (s *session) frameGap(d int64) int64 {
+	if s.lastCount == 0 || s.batches(d) {
+		return 0
+	}
+	return s.lastGap / int64(s.lastCount)
+}
+
 // batches reports whether frames coming count in gap nanoseconds would
 // gather at least holdMinNum/holdMinDen in a wait of d nanoseconds. A gap
-// of zero or less (a clock stepped backwards) counts as batching; holdFor
-// never asks with a count of zero.
+// of zero or less (a clock stepped backwards) counts as batching;
+// session.batches never asks with a count of zero.
 func batches(count int, gap, d int64) bool {
 	return gap <= 0 || holdMinDen*int64(count)*d >= holdMinNum*gap
 }
