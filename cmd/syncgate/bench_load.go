@@ -571,6 +571,9 @@ func (j cpuJSON) String() string {
 	if j.ServerOverloadTicks != nil && *j.ServerOverloadTicks > 0 {
 		s += fmt.Sprintf(", overloaded %.0f ticks", *j.ServerOverloadTicks)
 	}
+	if j.ServerWritesBlocked != nil && *j.ServerWritesBlocked > 0 {
+		s += fmt.Sprintf(", %.0f writes blocked", *j.ServerWritesBlocked)
+	}
 	if j.ServerSlowConsumer != nil && *j.ServerSlowConsumer > 0 {
 		s += fmt.Sprintf("; server closed %.0f slow consumers", *j.ServerSlowConsumer)
 	}
