@@ -275,7 +275,7 @@ const poolLateWait = 5 * time.Millisecond
 // publish leaves the last sessions about 60 ms in the line, was judged
 // overloaded in 42-192 of its 200 ticks (three runs), and meanwhile every
 // other session on the node could be held up to the overload bound
-// (docs/benchmarks.md, "Only sessions pacing can batch count as late").
+// (docs/benchmarks.md, "Lateness by a session's own frame rate").
 // A longer wait still counts: many such sessions whose writers fall
 // behind them are an overload the scheduler cannot see, since sessions
 // waiting in the line are not goroutines.
