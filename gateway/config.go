@@ -166,7 +166,8 @@ type Config struct {
 	// adds the writer pool's own waits: sessions taken, and those taken
 	// late (a paced one 5 ms or more after it was due, a ready one after
 	// waiting MaxWriteDelay + 5 ms or more in the line, and, if pacing
-	// could not batch it, longer than its frames come apart).
+	// could not batch it, longer than its frames come apart, up to
+	// twice OverloadWriteDelay).
 	SchedWaits func() (long, total uint64)
 
 	// MaxSubscriptions caps active subscriptions per session.

@@ -120,7 +120,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name: "syncgate_publishes_total", Help: "Messages published (each encoded once).",
 		}),
 		overloadTicks: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "syncgate_overload_ticks_total", Help: "Pacing ticks (50 ms each) in which the node was overloaded: the moving average over a few ticks of the share of Go scheduler waits of about 1 ms or more exceeded 40% (with shared writers, the writer pool's late turns count as such waits: a paced session taken 5 ms or more after it was due, a ready one that waited max-write-delay + 5 ms or more and, if pacing could not batch it, longer than its frames come apart), and pacing's delay could grow to overload-write-delay.",
+			Name: "syncgate_overload_ticks_total", Help: "Pacing ticks (50 ms each) in which the node was overloaded: the moving average over a few ticks of the share of Go scheduler waits of about 1 ms or more exceeded 40% (with shared writers, the writer pool's late turns count as such waits: a paced session taken 5 ms or more after it was due, a ready one that waited max-write-delay + 5 ms or more and, if pacing could not batch it, longer than its frames come apart, at most twice overload-write-delay), and pacing's delay could grow to overload-write-delay.",
 		}),
 		writesBlocked: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "syncgate_writes_blocked_total", Help: "Messages a shared writer could not hand to the socket at once (the peer's buffers were full): the session's own goroutine finished each, waiting up to write-timeout.",

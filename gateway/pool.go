@@ -267,8 +267,8 @@ const poolLateWait = 5 * time.Millisecond
 //
 // A ready session that a hold of holdBound (the overload bound) would
 // not batch (session.batches) is late only once it has also waited as
-// long as its frames come apart (at its last batch's rate, see
-// session.frameGap). Pacing gains nothing on such a session (a subscriber
+// long as its frames come apart (at its last batch's rate, and at most
+// twice holdBound: see session.frameGap). Pacing gains nothing on such a session (a subscriber
 // getting ten frames a second), so a wait shorter than its own frame gap
 // costs it nothing and says nothing about whether the delay should grow:
 // counted from readyLate, 5,000 subscribers × 10 msg/s, where each

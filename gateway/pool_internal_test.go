@@ -215,8 +215,9 @@ func TestWriterPool_CountsLateReadyTurns(t *testing.T) {
 		bound     = 75 * time.Millisecond
 		readyLate = 25 * time.Millisecond
 	)
+	now := time.Now().UnixNano()
 	last := func(count int, gap time.Duration) func(*session) {
-		return func(s *session) { s.lastCount, s.lastGap = count, int64(gap) }
+		return func(s *session) { s.lastCount, s.lastGap, s.lastWrite = count, int64(gap), now }
 	}
 	fast := last(2, 20*time.Millisecond)
 	for _, tc := range []struct {
@@ -239,6 +240,13 @@ func TestWriterPool_CountsLateReadyTurns(t *testing.T) {
 		{"slow, within its gap", readyLate, last(1, 100*time.Millisecond), 60 * time.Millisecond, 0, 1},
 		{"slow, behind its gap", readyLate, last(1, 100*time.Millisecond), 150 * time.Millisecond, 1, 1},
 		{"slow batch, behind its frame gap", readyLate, last(3, 300*time.Millisecond), 150 * time.Millisecond, 1, 1},
+		// The gap counts up to twice the bound: frames seconds apart, or
+		// a session idle for hours, are late after 150 ms.
+		{"very slow, within twice the bound", readyLate, last(1, 10*time.Second), 140 * time.Millisecond, 0, 1},
+		{"very slow, past twice the bound", readyLate, last(1, 10*time.Second), 160 * time.Millisecond, 1, 1},
+		// Written once: its gap runs from the zero time, so it is judged
+		// as a session that has not written.
+		{"written once", readyLate, func(s *session) { s.lastCount, s.lastGap, s.lastWrite = 1, now, now }, 30 * time.Millisecond, 1, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newWriterPool(0, tc.readyLate, bound, nil) // no workers: the test takes the turn

@@ -282,14 +282,17 @@ func (s *session) batches(d int64) bool {
 }
 
 // frameGap is how far apart s's frames came in its last batch (its gap
-// over its count) if a hold of d nanoseconds would not batch it, else 0,
-// as it is for a session that has not written. The same callers as
-// batches.
+// over its count), at most twice d, if a hold of d nanoseconds would not
+// batch it; else 0, as it is for a session that has written at most once
+// (its first gap runs from lastWrite's zero, so it is as large as
+// lastWrite). The bound keeps a session whose frames came seconds apart,
+// or that was idle for hours, from waiting that long before it counts as
+// late. The same callers as batches.
 func (s *session) frameGap(d int64) int64 {
-	if s.lastCount == 0 || s.batches(d) {
+	if s.lastCount == 0 || s.lastGap >= s.lastWrite || s.batches(d) {
 		return 0
 	}
-	return s.lastGap / int64(s.lastCount)
+	return min(s.lastGap/int64(s.lastCount), 2*d)
 }
 
 // batches reports whether frames coming count in gap nanoseconds would
