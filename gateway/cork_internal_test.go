@@ -148,12 +148,11 @@ func tcpPair(t *testing.T) (server, client *net.TCPConn) {
 	return s.(*net.TCPConn), c.(*net.TCPConn)
 }
 
-// TestCorkConn_UncorkWithoutWaiting fills a real socket whose peer does not
-// read: an uncork that must not wait returns blocked instead of waiting,
-// keeps the rest of the message, and writes it before anything written
-// after (a pong from the reader, the next message), so the peer gets the
-// stream intact and in order.
-func TestCorkConn_UncorkWithoutWaiting(t *testing.T) {
+// smallCorkPair is a corkConn over one end of a loopback TCP pair whose
+// send and receive buffers are small, and the other end (c), which the
+// test reads or not. It skips where writes cannot avoid waiting.
+func smallCorkPair(t *testing.T) (cc *corkConn, c *net.TCPConn) {
+	t.Helper()
 	s, c := tcpPair(t)
 	if err := s.SetWriteBuffer(8 << 10); err != nil {
 		t.Fatal(err)
@@ -161,10 +160,20 @@ func TestCorkConn_UncorkWithoutWaiting(t *testing.T) {
 	if err := c.SetReadBuffer(8 << 10); err != nil {
 		t.Fatal(err)
 	}
-	cc := newCorkConn(s)
+	cc = newCorkConn(s)
 	if !cc.nonBlocking() {
 		t.Skip("no writes without waiting on this system")
 	}
+	return cc, c
+}
+
+// TestCorkConn_UncorkWithoutWaiting fills a real socket whose peer does not
+// read: an uncork that must not wait returns blocked instead of waiting,
+// keeps the rest of the message, and writes it before anything written
+// after (a pong from the reader, the next message), so the peer gets the
+// stream intact and in order.
+func TestCorkConn_UncorkWithoutWaiting(t *testing.T) {
+	cc, c := smallCorkPair(t)
 	cc.timeout = 10 * time.Second
 	var want bytes.Buffer
 	fillUntilBlocked(t, cc, &want)
@@ -242,17 +251,7 @@ func TestCorkConn_FlushReportsADroppedRest(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s, c := tcpPair(t)
-			if err := s.SetWriteBuffer(8 << 10); err != nil {
-				t.Fatal(err)
-			}
-			if err := c.SetReadBuffer(8 << 10); err != nil {
-				t.Fatal(err)
-			}
-			cc := newCorkConn(s)
-			if !cc.nonBlocking() {
-				t.Skip("no writes without waiting on this system")
-			}
+			cc, _ := smallCorkPair(t)
 			cc.timeout = 100 * time.Millisecond // the pong's wait; the peer never reads
 			fillUntilBlocked(t, cc, new(bytes.Buffer))
 			if err := tc.drop(cc); err != nil {

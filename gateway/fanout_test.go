@@ -175,6 +175,22 @@ func (l smallBufListener) Accept() (net.Conn, error) {
 	return c, err
 }
 
+// startSmallBuf serves gw on loopback with small kernel send buffers (see
+// smallBufListener), shut down when the test ends.
+func startSmallBuf(t *testing.T, gw *gateway.Server) *httptest.Server {
+	t.Helper()
+	ts := httptest.NewUnstartedServer(gw.Handler())
+	ts.Listener = smallBufListener{ts.Listener}
+	ts.Start()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_ = gw.Shutdown(ctx)
+		ts.Close()
+	})
+	return ts
+}
+
 // TestGateway_StalledClientDoesNotSlowOthers: one client that never reads
 // must not stop 100 others from getting every message; it is closed as a
 // slow consumer and counted in /metrics. Both ways of writing: the shared
@@ -199,15 +215,7 @@ func testStalledClient(t *testing.T, writers int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewUnstartedServer(gw.Handler())
-	ts.Listener = smallBufListener{ts.Listener}
-	ts.Start()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		_ = gw.Shutdown(ctx)
-		ts.Close()
-	})
+	ts := startSmallBuf(t, gw)
 	url := gwtest.WSURL(ts.URL)
 
 	dialStalled(t, url, "room") // closed at cleanup
@@ -255,15 +263,7 @@ func TestGateway_DeliveryLatencyAtFlush(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewUnstartedServer(gw.Handler())
-	ts.Listener = smallBufListener{ts.Listener}
-	ts.Start()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		_ = gw.Shutdown(ctx)
-		ts.Close()
-	})
+	ts := startSmallBuf(t, gw)
 	url := gwtest.WSURL(ts.URL)
 	stalled := dialStalled(t, url, "big")
 	stalled.SetReadLimit(2 << 20)
