@@ -265,20 +265,20 @@ const poolLateWait = 5 * time.Millisecond
 // three runs gave a p99 of 160-248 ms against 102-146 for a 50 ms bound
 // (docs/benchmarks.md, "A shorter pacing delay").
 //
-// A ready session that a hold of holdBound (the overload bound) would
-// not batch (session.batches) is late only once it has also waited as
-// long as its frames come apart (at its last batch's rate, and at most
-// twice holdBound: see session.frameGap). Pacing gains nothing on such a session (a subscriber
-// getting ten frames a second), so a wait shorter than its own frame gap
-// costs it nothing and says nothing about whether the delay should grow:
-// counted from readyLate, 5,000 subscribers × 10 msg/s, where each
-// publish leaves the last sessions about 60 ms in the line, was judged
-// overloaded in 42-192 of its 200 ticks (three runs), and meanwhile every
-// other session on the node could be held up to the overload bound
-// (docs/benchmarks.md, "Lateness by a session's own frame rate").
-// A longer wait still counts: many such sessions whose writers fall
-// behind them are an overload the scheduler cannot see, since sessions
-// waiting in the line are not goroutines.
+// A ready session that a hold of holdBound (the overload bound) would not
+// batch (session.batches) is late only once it has also waited as long as
+// its frames come apart (at its last batch's rate, and at most twice
+// holdBound: see session.frameGap). Pacing gains nothing on such a
+// session (a subscriber getting ten frames a second), so a wait shorter
+// than its own frame gap costs it nothing and says nothing about whether
+// the delay should grow: counted from readyLate, 5,000 subscribers × 10
+// msg/s, where each publish leaves the last sessions about 60 ms in the
+// line, was judged overloaded in 42-192 of its 200 ticks (three runs),
+// and meanwhile every other session on the node could be held up to the
+// overload bound (docs/benchmarks.md, "Lateness by a session's own frame
+// rate"). A longer wait still counts: many such sessions whose writers
+// fall behind them are an overload the scheduler cannot see, since
+// sessions waiting in the line are not goroutines.
 func (p *writerPool) waits() (long, total uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
