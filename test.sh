@@ -2,7 +2,9 @@
 # test.sh runs every check syncgate has: formatting, vet, staticcheck, the
 # race-enabled test suite, the README snippet, the Durable Streams
 # conformance suite and a short run of each fuzz target. It works on a
-# fresh machine with Go 1.26 and the Go module proxy; `.ci/run` calls it.
+# fresh machine with Go 1.26, the Go module proxy and the npm registry,
+# installing a C compiler and Node.js when they are missing (apt-get, as
+# root; see scripts/ensure-node.sh); `.ci/run` calls it.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -34,6 +36,13 @@ go vet ./...
 step "staticcheck"
 go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
+step "C compiler (go test -race needs cgo)"
+if ! command -v cc >/dev/null 2>&1 && ! command -v gcc >/dev/null 2>&1; then
+	echo "installing gcc with apt-get" >&2
+	apt-get update -qq && apt-get install -y -qq gcc libc6-dev >/dev/null
+fi
+cc --version 2>/dev/null | head -1 || gcc --version | head -1
+
 step "go test -race"
 go test -race -count=1 -timeout 12m ./...
 
@@ -45,11 +54,10 @@ go test -count=1 -run '^TestStorm_Drain$' ./cmd/syncgate
 
 step "node and npm"
 # The README snippet runs under Node; the Durable Streams conformance suite
-# is an npm package. A fresh machine may lack either.
-if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-	echo "installing nodejs and npm with apt-get" >&2
-	apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null
-fi
+# is an npm package. A fresh machine may lack either, or have a Node too
+# old for them.
+# shellcheck source=scripts/ensure-node.sh
+. ./scripts/ensure-node.sh
 node --version && npm --version
 
 step "README browser snippet"

@@ -162,7 +162,7 @@ var settings = []setting{
 		intSetting(func(c *config) *int { return &c.Gateway.SendQueueBytes })},
 	{"write-timeout", "SYNCGATE_WRITE_TIMEOUT", "10s", "deadline for every network write",
 		durationSetting(func(c *config) *time.Duration { return &c.Gateway.WriteTimeout })},
-	{"ping-interval", "SYNCGATE_PING_INTERVAL", "25s", "how often each session is pinged",
+	{"ping-interval", "SYNCGATE_PING_INTERVAL", "25s", "how often an otherwise silent session is pinged",
 		durationSetting(func(c *config) *time.Duration { return &c.Gateway.PingInterval })},
 	{"pong-timeout", "SYNCGATE_PONG_TIMEOUT", "10s", "close a session whose pong is this late (4002)",
 		durationSetting(func(c *config) *time.Duration { return &c.Gateway.PongTimeout })},
