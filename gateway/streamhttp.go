@@ -21,6 +21,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/syncgate/syncgate/auth"
 	"github.com/syncgate/syncgate/storage"
 )
 
@@ -98,6 +99,13 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	if err := s.authorizeStream(r, name); err != nil {
+		if err.status == http.StatusUnauthorized {
+			h.Set("WWW-Authenticate", `Bearer realm="syncgate"`)
+		}
+		s.fail(w, r, err)
+		return
+	}
 	switch r.Method {
 	case http.MethodGet:
 		s.serveRead(w, r, name)
@@ -114,6 +122,55 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, &requestError{http.StatusMethodNotAllowed,
 			fmt.Sprintf("method %s is not supported on a stream: use GET, HEAD, POST, PUT or DELETE", r.Method)})
 	}
+}
+
+// authorizeStream checks a stream request's bearer token when the gateway
+// has token keys (Config.Verifier), with the grants of the WebSocket's
+// tokens and a stream's name as the topic: a read (GET, HEAD) needs the
+// subscribe grant, a write (POST, PUT, DELETE) the publish grant, and a
+// fork also the subscribe grant on its source. A missing or refused token
+// is a 401, a missing grant a 403. Without a Verifier (the anonymous dev
+// mode, loopback only) and for methods the API does not serve, it passes.
+func (s *Server) authorizeStream(r *http.Request, name string) *requestError {
+	v := s.cfg.Verifier
+	if v == nil {
+		return nil
+	}
+	type need struct {
+		action auth.Action
+		stream string
+	}
+	var needs []need
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+		needs = append(needs, need{auth.Subscribe, name})
+	case http.MethodPost, http.MethodPut, http.MethodDelete:
+		needs = append(needs, need{auth.Publish, name})
+		if src := r.Header.Get("Stream-Forked-From"); r.Method == http.MethodPut && src != "" {
+			if from, err := forkSource(src); err == nil { // a malformed one is serveCreate's 400
+				needs = append(needs, need{auth.Subscribe, from})
+			}
+		}
+	default:
+		return nil
+	}
+	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
+		return &requestError{http.StatusUnauthorized,
+			"this server requires a token: send the same JWT as in a WebSocket hello, as Authorization: Bearer <token>"}
+	}
+	id, err := v.Verify(token)
+	if err != nil {
+		// auth's errors never contain the token.
+		return &requestError{http.StatusUnauthorized, "Authorization: " + err.Error()}
+	}
+	for _, n := range needs {
+		if !id.Grants.Allow(n.action, n.stream) {
+			return &requestError{http.StatusForbidden,
+				fmt.Sprintf("the token does not grant %s on %q (a stream's name is its topic)", n.action, n.stream)}
+		}
+	}
+	return nil
 }
 
 // streamName returns the stream named by an escaped request path (or a

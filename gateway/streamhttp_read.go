@@ -205,8 +205,13 @@ func (s *Server) serveCatchUp(w http.ResponseWriter, r *http.Request, name strin
 		// revalidate (cheap, with the ETag).
 		h.Set("Cache-Control", "no-cache")
 	} else {
-		// A page cut short by the chunk limit never changes.
-		h.Set("Cache-Control", "public, max-age=60, stale-while-revalidate=300")
+		// A page cut short by the chunk limit never changes. Behind
+		// tokens only the client that may read it may cache it.
+		if s.cfg.Verifier != nil {
+			h.Set("Cache-Control", "private, max-age=60, stale-while-revalidate=300")
+		} else {
+			h.Set("Cache-Control", "public, max-age=60, stale-while-revalidate=300")
+		}
 	}
 	if etagMatches(r.Header.Get("If-None-Match"), etag) {
 		w.WriteHeader(http.StatusNotModified)

@@ -1,0 +1,92 @@
+package gateway_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/syncgate/syncgate/auth"
+	"github.com/syncgate/syncgate/gateway"
+)
+
+// TestStreamHTTP_Tokens: with token keys the HTTP stream API wants the
+// WebSocket's bearer token, and a stream's name is its topic: reads need
+// the subscribe grant, writes the publish grant, and a fork the subscribe
+// grant on its source too. A missing or refused token is a 401 with
+// WWW-Authenticate, a missing grant a 403; a CORS preflight needs none,
+// and a cacheable page is cached privately.
+func TestStreamHTTP_Tokens(t *testing.T) {
+	t.Parallel()
+	v, err := auth.New(auth.Config{Secret: testSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStreamServer(t, gateway.Config{Verifier: v})
+	token := func(topics auth.TopicClaims, exp time.Time) string {
+		return sign(t, jwt.SigningMethodHS256, testSecret, auth.Claims{
+			RegisteredClaims: jwt.RegisteredClaims{Subject: "backend", ExpiresAt: jwt.NewNumericDate(exp)}, Topics: topics})
+	}
+	hour := time.Now().Add(time.Hour)
+	bearer := func(tok string) []string { return []string{"Authorization", "Bearer " + tok} }
+	jsonType := []string{"Content-Type", "application/json"}
+	with := func(kv ...[]string) map[string][]string {
+		var all []string
+		for _, p := range kv {
+			all = append(all, p...)
+		}
+		return hdr(all...)
+	}
+	var (
+		reader   = token(auth.TopicClaims{Subscribe: []string{"chat:*"}}, hour)
+		writer   = token(auth.TopicClaims{Subscribe: []string{"chat:*"}, Publish: []string{"chat:*"}}, hour)
+		other    = token(auth.TopicClaims{Subscribe: []string{"other:*"}, Publish: []string{"other:*"}}, hour)
+		anyTopic = token(all, hour)
+		forker   = token(auth.TopicClaims{Subscribe: []string{"secret:*"}, Publish: []string{"chat:*"}}, hour)
+		expired  = token(auth.TopicClaims{Publish: []string{"chat:*"}}, time.Now().Add(-time.Hour))
+	)
+	const p = "/v1/stream/chat:1"
+
+	for _, h := range [][]string{nil, {"Authorization", "Basic dXNlcjpwdw=="}, {"Authorization", "Bearer "}} {
+		s.do(t, "PUT", p, with(jsonType, h), "").want(t, 401).wantHeader(t, "WWW-Authenticate", `Bearer realm="syncgate"`)
+	}
+	if r := s.do(t, "PUT", p, with(jsonType, bearer(expired)), "").want(t, 401); !strings.Contains(r.body, "expired") {
+		t.Fatalf("expired token: body %q does not say so", r.body)
+	}
+	s.do(t, "PUT", p, with(jsonType, bearer("not.a.jwt")), "").want(t, 401)
+	s.do(t, "PUT", p, with(jsonType, bearer(reader)), "").want(t, 403)
+	s.do(t, "PUT", p, with(jsonType, bearer(writer)), "").want(t, 201)
+
+	s.do(t, "POST", p, with(jsonType, bearer(reader)), `{"n":1}`).want(t, 403)
+	s.do(t, "POST", p, with(jsonType, bearer(other)), `{"n":1}`).want(t, 403)
+	if r := s.do(t, "POST", p, with(jsonType, bearer(writer)), `{"n":1}`); r.status/100 != 2 {
+		t.Fatalf("append with the publish grant: status %d (%q)", r.status, r.body)
+	}
+	s.do(t, "GET", p+"?offset=-1", with(bearer(other)), "").want(t, 403)
+	s.do(t, "GET", p+"?offset=-1", nil, "").want(t, 401)
+	s.do(t, "GET", p+"?offset=-1", with(bearer(reader)), "").want(t, 200).wantBody(t, `[{"n":1}]`)
+	s.do(t, "HEAD", p, with(bearer(reader)), "").want(t, 200)
+	s.do(t, "OPTIONS", p, nil, "").want(t, 204)
+
+	// A fork reads its source: the subscribe grant on it is needed too.
+	s.do(t, "PUT", "/v1/stream/secret:1", with(jsonType, bearer(anyTopic)), "").want(t, 201)
+	fork := []string{"Stream-Forked-From", "/v1/stream/secret:1"}
+	s.do(t, "PUT", "/v1/stream/chat:2", with(jsonType, fork, bearer(writer)), "").want(t, 403)
+	s.do(t, "PUT", "/v1/stream/chat:2", with(jsonType, fork, bearer(forker)), "").want(t, 201)
+
+	// A page cut short by the chunk limit may be cached, but privately.
+	big := `"` + strings.Repeat("x", 700<<10) + `"`
+	for range 2 {
+		if r := s.do(t, "POST", "/v1/stream/chat:2", with(jsonType, bearer(writer)), big); r.status/100 != 2 {
+			t.Fatalf("append: status %d (%q)", r.status, r.body)
+		}
+	}
+	s.do(t, "GET", "/v1/stream/chat:2?offset=-1", with(bearer(reader)), "").want(t, 200).
+		wantHeader(t, "Cache-Control", "private, max-age=60, stale-while-revalidate=300")
+
+	s.do(t, "DELETE", p, with(bearer(reader)), "").want(t, 403)
+	if r := s.do(t, "DELETE", p, with(bearer(writer)), ""); r.status/100 != 2 {
+		t.Fatalf("delete with the publish grant: status %d (%q)", r.status, r.body)
+	}
+}
