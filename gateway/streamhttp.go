@@ -13,6 +13,7 @@ package gateway
 // applies an append or a create atomically.
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -22,6 +23,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/syncgate/syncgate/auth"
+	"github.com/syncgate/syncgate/frames"
 	"github.com/syncgate/syncgate/storage"
 )
 
@@ -56,7 +58,7 @@ const (
 const (
 	corsAllowMethods  = "GET, HEAD, POST, PUT, DELETE, OPTIONS"
 	corsAllowHeaders  = "Content-Type, Authorization, If-None-Match, Stream-Seq, Stream-TTL, Stream-Expires-At, Stream-Closed, Producer-Id, Producer-Epoch, Producer-Seq, Stream-Forked-From, Stream-Fork-Offset, Stream-Fork-Sub-Offset"
-	corsExposeHeaders = "Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, Stream-TTL, Stream-Expires-At, Stream-SSE-Data-Encoding, Producer-Epoch, Producer-Seq, Producer-Expected-Seq, Producer-Received-Seq, ETag, Content-Type, Location"
+	corsExposeHeaders = "WWW-Authenticate, Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, Stream-TTL, Stream-Expires-At, Stream-SSE-Data-Encoding, Producer-Epoch, Producer-Seq, Producer-Expected-Seq, Producer-Received-Seq, ETag, Content-Type, Location"
 )
 
 // streamsFirst sends every request under streamPrefix to streams and the
@@ -99,11 +101,12 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if err := s.authorizeStream(r, name); err != nil {
-		if err.status == http.StatusUnauthorized {
+	id, aerr := s.authorizeStream(r, name)
+	if aerr != nil {
+		if aerr.status == http.StatusUnauthorized {
 			h.Set("WWW-Authenticate", `Bearer realm="syncgate"`)
 		}
-		s.fail(w, r, err)
+		s.fail(w, r, aerr)
 		return
 	}
 	switch r.Method {
@@ -112,9 +115,9 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
 	case http.MethodHead:
 		s.serveHead(w, r, name)
 	case http.MethodPut:
-		s.serveCreate(w, r, name)
+		s.serveCreate(w, r, name, id)
 	case http.MethodPost:
-		s.serveAppend(w, r, name)
+		s.serveAppend(w, r, name, id)
 	case http.MethodDelete:
 		s.serveDelete(w, r, name)
 	default:
@@ -129,12 +132,13 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
 // tokens and a stream's name as the topic: a read (GET, HEAD) needs the
 // subscribe grant, a write (POST, PUT, DELETE) the publish grant, and a
 // fork also the subscribe grant on its source. A missing or refused token
-// is a 401, a missing grant a 403. Without a Verifier (the anonymous dev
-// mode, loopback only) and for methods the API does not serve, it passes.
-func (s *Server) authorizeStream(r *http.Request, name string) *requestError {
+// is a 401, a missing grant a 403. It returns the token's identity, nil
+// without a Verifier (the anonymous dev mode) and for methods the API does
+// not serve, which pass.
+func (s *Server) authorizeStream(r *http.Request, name string) (*auth.Identity, *requestError) {
 	v := s.cfg.Verifier
 	if v == nil {
-		return nil
+		return nil, nil
 	}
 	type need struct {
 		action auth.Action
@@ -152,22 +156,54 @@ func (s *Server) authorizeStream(r *http.Request, name string) *requestError {
 			}
 		}
 	default:
-		return nil
+		return nil, nil
 	}
 	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	token = strings.TrimLeft(token, " \t")
 	if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
-		return &requestError{http.StatusUnauthorized,
+		return nil, &requestError{http.StatusUnauthorized,
 			"this server requires a token: send the same JWT as in a WebSocket hello, as Authorization: Bearer <token>"}
 	}
 	id, err := v.Verify(token)
 	if err != nil {
 		// auth's errors never contain the token.
-		return &requestError{http.StatusUnauthorized, "Authorization: " + err.Error()}
+		return nil, &requestError{http.StatusUnauthorized, "Authorization: " + err.Error()}
 	}
 	for _, n := range needs {
 		if !id.Grants.Allow(n.action, n.stream) {
-			return &requestError{http.StatusForbidden,
+			return nil, &requestError{http.StatusForbidden,
 				fmt.Sprintf("the token does not grant %s on %q (a stream's name is its topic)", n.action, n.stream)}
+		}
+	}
+	return id, nil
+}
+
+// checkRecordActors refuses, for a request that came with a token (id not
+// nil), a record that a WebSocket subscriber would see under another
+// actor: an object with a data member whose actorId is a string other
+// than the token's sub (see recordRow, which reads such a record as a
+// WebSocket publish's). Over HTTP a token writes only as its own actor.
+func checkRecordActors(records [][]byte, id *auth.Identity) *requestError {
+	if id == nil {
+		return nil
+	}
+	for i, rec := range records {
+		var hasData bool
+		var actor *string
+		frames.Fields(rec, func(k []byte, v json.RawMessage) bool {
+			switch string(k) {
+			case "data":
+				hasData = true
+			case "actorId":
+				if a, ok := frames.Unquote(v); ok {
+					actor = &a
+				}
+			}
+			return true
+		})
+		if hasData && actor != nil && *actor != id.ActorID {
+			return &requestError{http.StatusForbidden, fmt.Sprintf(
+				"message %d: actorId %q is not the token's sub: over HTTP a token writes only as its own actor (give your own sub, null, or no actorId)", i, *actor)}
 		}
 	}
 	return nil

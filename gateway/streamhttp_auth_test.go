@@ -16,7 +16,8 @@ import (
 // the subscribe grant, writes the publish grant, and a fork the subscribe
 // grant on its source too. A missing or refused token is a 401 with
 // WWW-Authenticate, a missing grant a 403; a CORS preflight needs none,
-// and a cacheable page is cached privately.
+// a cacheable page is cached privately, and a message may not claim
+// another actor.
 func TestStreamHTTP_Tokens(t *testing.T) {
 	t.Parallel()
 	v, err := auth.New(auth.Config{Secret: testSecret})
@@ -63,9 +64,24 @@ func TestStreamHTTP_Tokens(t *testing.T) {
 	if r := s.do(t, "POST", p, with(jsonType, bearer(writer)), `{"n":1}`); r.status/100 != 2 {
 		t.Fatalf("append with the publish grant: status %d (%q)", r.status, r.body)
 	}
+	// A record read as a WebSocket publish's may not speak for another
+	// actor; the token's own sub, null or none is fine.
+	for _, body := range []string{`{"data":"x","actorId":"alice","at":1}`, `[{"n":2},{"data":"x","actorId":"alice"}]`} {
+		s.do(t, "POST", p, with(jsonType, bearer(writer)), body).want(t, 403)
+	}
+	for _, body := range []string{`{"data":"y","actorId":"backend","at":1}`, `{"data":"z","actorId":null}`} {
+		if r := s.do(t, "POST", p, with(jsonType, bearer(writer)), body); r.status/100 != 2 {
+			t.Fatalf("append %s: status %d (%q)", body, r.status, r.body)
+		}
+	}
+	s.do(t, "PUT", "/v1/stream/chat:3", with(jsonType, bearer(writer)), `{"data":"x","actorId":"alice"}`).want(t, 403)
+	// RFC 7235 allows more than one space after the scheme.
+	s.do(t, "HEAD", p, hdr("Authorization", "bearer   "+reader), "").want(t, 200)
+
 	s.do(t, "GET", p+"?offset=-1", with(bearer(other)), "").want(t, 403)
 	s.do(t, "GET", p+"?offset=-1", nil, "").want(t, 401)
-	s.do(t, "GET", p+"?offset=-1", with(bearer(reader)), "").want(t, 200).wantBody(t, `[{"n":1}]`)
+	s.do(t, "GET", p+"?offset=-1", with(bearer(reader)), "").want(t, 200).
+		wantBody(t, `[{"n":1},{"data":"y","actorId":"backend","at":1},{"data":"z","actorId":null}]`)
 	s.do(t, "HEAD", p, with(bearer(reader)), "").want(t, 200)
 	s.do(t, "OPTIONS", p, nil, "").want(t, 204)
 

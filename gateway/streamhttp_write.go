@@ -20,6 +20,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/syncgate/syncgate/auth"
 	"github.com/syncgate/syncgate/storage"
 )
 
@@ -44,7 +45,7 @@ var decimalRe = regexp.MustCompile(`^(0|[1-9][0-9]*)$`)
 
 // serveCreate answers PUT: it creates the stream (201 with Location), or
 // finds it with the same configuration (200), or refuses (409).
-func (s *Server) serveCreate(w http.ResponseWriter, r *http.Request, name string) {
+func (s *Server) serveCreate(w http.ResponseWriter, r *http.Request, name string, id *auth.Identity) {
 	ctx := r.Context()
 	opts, err := s.parseCreateHeaders(r.Header)
 	if err != nil {
@@ -69,6 +70,10 @@ func (s *Server) serveCreate(w http.ResponseWriter, r *http.Request, name string
 		}
 	}
 	if opts.Records, err = splitRecords(opts.ContentType, body, true); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := checkRecordActors(opts.Records, id); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -211,7 +216,7 @@ func contentType(h http.Header) (string, error) {
 // serveAppend answers POST: an append (204, or 200 for a producer's new
 // batch), a close (Stream-Closed: true, with or without a body), or a
 // producer's retry (204, nothing written).
-func (s *Server) serveAppend(w http.ResponseWriter, r *http.Request, name string) {
+func (s *Server) serveAppend(w http.ResponseWriter, r *http.Request, name string, id *auth.Identity) {
 	req, err := parseAppendHeaders(r.Header)
 	if err != nil {
 		s.fail(w, r, err)
@@ -235,6 +240,10 @@ func (s *Server) serveAppend(w http.ResponseWriter, r *http.Request, name string
 	default:
 		if req.Records, err = splitRecords(req.ContentType, body, false); err != nil {
 			s.fail(w, r, s.explainBodyError(r.Context(), name, req.ContentType, err))
+			return
+		}
+		if err := checkRecordActors(req.Records, id); err != nil {
+			s.fail(w, r, err)
 			return
 		}
 	}
