@@ -148,9 +148,21 @@ func appendRecord(dst []byte, key string, data json.RawMessage, actorID *string,
 // a backend over HTTP) becomes the row's data, with actorId null and at
 // the time the gateway reads it.
 func recordRow(dst []byte, offset string, rec []byte, now int64) []byte {
-	var data json.RawMessage
-	var actorID *string
-	at := now
+	data, actorID, at, ok := publishRecord(rec)
+	switch {
+	case !ok:
+		return appendRow(dst, offset, rec, nil, now)
+	case at == nil:
+		return appendRow(dst, offset, data, actorID, now)
+	}
+	return appendRow(dst, offset, data, actorID, *at)
+}
+
+// publishRecord reads rec as a WebSocket publish's record: a JSON object
+// with a data member, and an actorId (if a string) and an at (if an
+// integer). ok is false for any other value, which recordRow takes whole
+// as a backend's message.
+func publishRecord(rec []byte) (data json.RawMessage, actorID *string, at *int64, ok bool) {
 	isObj := frames.Fields(rec, func(k []byte, v json.RawMessage) bool {
 		switch string(k) {
 		case "data":
@@ -161,15 +173,12 @@ func recordRow(dst []byte, offset string, rec []byte, now int64) []byte {
 			}
 		case "at":
 			if n, err := strconv.ParseInt(string(v), 10, 64); err == nil {
-				at = n
+				at = &n
 			}
 		}
 		return true
 	})
-	if !isObj || data == nil {
-		data, actorID, at = rec, nil, now
-	}
-	return appendRow(dst, offset, data, actorID, at)
+	return data, actorID, at, isObj && data != nil
 }
 
 // validRecord reports whether rec is JSON that recordRow can embed.

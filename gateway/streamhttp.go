@@ -13,7 +13,6 @@ package gateway
 // applies an append or a create atomically.
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -23,7 +22,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/syncgate/syncgate/auth"
-	"github.com/syncgate/syncgate/frames"
 	"github.com/syncgate/syncgate/storage"
 )
 
@@ -188,20 +186,8 @@ func checkRecordActors(records [][]byte, id *auth.Identity) *requestError {
 		return nil
 	}
 	for i, rec := range records {
-		var hasData bool
-		var actor *string
-		frames.Fields(rec, func(k []byte, v json.RawMessage) bool {
-			switch string(k) {
-			case "data":
-				hasData = true
-			case "actorId":
-				if a, ok := frames.Unquote(v); ok {
-					actor = &a
-				}
-			}
-			return true
-		})
-		if hasData && actor != nil && *actor != id.ActorID {
+		_, actor, _, isPublish := publishRecord(rec)
+		if isPublish && actor != nil && *actor != id.ActorID {
 			return &requestError{http.StatusForbidden, fmt.Sprintf(
 				"message %d: actorId %q is not the token's sub: over HTTP a token writes only as its own actor (give your own sub, null, or no actorId)", i, *actor)}
 		}
