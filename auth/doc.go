@@ -31,7 +31,9 @@
 //	{"sub":"u1","exp":1767225600,
 //	 "topics":{"subscribe":["room:*"],"publish":["room:42"],"presence":["room:*"]}}
 //
-// A token without "topics" grants nothing.
+// A token without "topics" grants nothing. A fourth action, "manage",
+// matters only to the Durable Streams HTTP API: creating, closing (or
+// setting the TTL of) and deleting a topic's stream.
 //
 // # Key selection
 //

@@ -13,6 +13,7 @@ const (
 	Subscribe Action = iota // subscribe add of a topic target
 	Publish                 // mutate "publish" to a topic
 	Presence                // presence join/leave/update of a topic
+	Manage                  // create, close (or set the TTL of) and delete the topic's stream over HTTP
 	numActions
 )
 
@@ -24,6 +25,8 @@ func (a Action) String() string {
 		return "publish"
 	case Presence:
 		return "presence"
+	case Manage:
+		return "manage"
 	}
 	return fmt.Sprintf("Action(%d)", a)
 }
@@ -164,7 +167,7 @@ func AllowAll() Grants { return Grants{all: true} }
 // (ErrBadClaims, naming the action and index).
 func (t TopicClaims) Grants() (Grants, error) {
 	var g Grants
-	for a, list := range [numActions][]string{Subscribe: t.Subscribe, Publish: t.Publish, Presence: t.Presence} {
+	for a, list := range [numActions][]string{Subscribe: t.Subscribe, Publish: t.Publish, Presence: t.Presence, Manage: t.Manage} {
 		for i, s := range list {
 			p, err := ParsePattern(s)
 			if err != nil {

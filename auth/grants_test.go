@@ -69,7 +69,7 @@ func TestGrants_Allow(t *testing.T) {
 	}
 	var zero Grants
 	all := AllowAll()
-	for _, a := range []Action{Subscribe, Publish, Presence} {
+	for _, a := range []Action{Subscribe, Publish, Presence, Manage} {
 		if zero.Allow(a, "room:1") {
 			t.Errorf("zero Grants allow %v", a)
 		}
@@ -85,6 +85,12 @@ func TestGrants_Allow(t *testing.T) {
 	}
 	if _, err := (TopicClaims{Presence: []string{"ok", "bad*"}}).Grants(); err == nil || !strings.Contains(err.Error(), "topics.presence[1]") {
 		t.Errorf("bad pattern error %v; want it to name topics.presence[1]", err)
+	}
+	if g.Allow(Manage, "room:42") {
+		t.Error("publish implies manage")
+	}
+	if m, err := (TopicClaims{Manage: []string{"room:*"}}).Grants(); err != nil || !m.Allow(Manage, "room:1") || m.Allow(Publish, "room:1") {
+		t.Errorf("manage grant: err %v, manage %v, publish %v", err, m.Allow(Manage, "room:1"), m.Allow(Publish, "room:1"))
 	}
 	if got := g.Patterns(Subscribe); len(got) != 1 || got[0] != "room:*" {
 		t.Errorf("Patterns(Subscribe) = %q", got)

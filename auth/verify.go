@@ -109,6 +109,9 @@ type TopicClaims struct {
 	Subscribe []string `json:"subscribe,omitempty"`
 	Publish   []string `json:"publish,omitempty"`
 	Presence  []string `json:"presence,omitempty"`
+	// Manage grants the Durable Streams HTTP API's administrative
+	// requests on a topic's stream: create, close, TTL and delete.
+	Manage []string `json:"manage,omitempty"`
 }
 
 // New returns a Verifier for cfg.

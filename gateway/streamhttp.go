@@ -128,11 +128,13 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
 // authorizeStream checks a stream request's bearer token when the gateway
 // has token keys (Config.Verifier), with the grants of the WebSocket's
 // tokens and a stream's name as the topic: a read (GET, HEAD) needs the
-// subscribe grant, a write (POST, PUT, DELETE) the publish grant, and a
-// fork also the subscribe grant on its source. A missing or refused token
-// is a 401, a missing grant a 403. It returns the token's identity, nil
-// without a Verifier (the anonymous dev mode) and for methods the API does
-// not serve, which pass.
+// subscribe grant, an append (POST) the publish grant, and what a
+// WebSocket publish cannot do, creating (PUT, which also sets the type
+// and TTL), closing (a POST with Stream-Closed: true) and deleting, the
+// manage grant; a fork also needs the subscribe grant on its source. A
+// missing or refused token is a 401, a missing grant a 403. It returns
+// the token's identity, nil without a Verifier (the anonymous dev mode)
+// and for methods the API does not serve, which pass.
 func (s *Server) authorizeStream(r *http.Request, name string) (*auth.Identity, *requestError) {
 	v := s.cfg.Verifier
 	if v == nil {
@@ -146,9 +148,16 @@ func (s *Server) authorizeStream(r *http.Request, name string) (*auth.Identity, 
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
 		needs = append(needs, need{auth.Subscribe, name})
-	case http.MethodPost, http.MethodPut, http.MethodDelete:
+	case http.MethodPost:
 		needs = append(needs, need{auth.Publish, name})
-		if src := r.Header.Get("Stream-Forked-From"); r.Method == http.MethodPut && src != "" {
+		if headerTrue(r.Header, hdrClosed) {
+			needs = append(needs, need{auth.Manage, name})
+		}
+	case http.MethodDelete:
+		needs = append(needs, need{auth.Manage, name})
+	case http.MethodPut:
+		needs = append(needs, need{auth.Manage, name})
+		if src := r.Header.Get("Stream-Forked-From"); src != "" {
 			if from, err := forkSource(src); err == nil { // a malformed one is serveCreate's 400
 				needs = append(needs, need{auth.Subscribe, from})
 			}

@@ -13,11 +13,11 @@ import (
 
 // TestStreamHTTP_Tokens: with token keys the HTTP stream API wants the
 // WebSocket's bearer token, and a stream's name is its topic: reads need
-// the subscribe grant, writes the publish grant, and a fork the subscribe
-// grant on its source too. A missing or refused token is a 401 with
-// WWW-Authenticate, a missing grant a 403; a CORS preflight needs none,
-// a cacheable page is cached privately, and a message may not claim
-// another actor.
+// the subscribe grant, appends the publish grant, creating, closing and
+// deleting the manage grant, and a fork the subscribe grant on its source
+// too. A missing or refused token is a 401 with WWW-Authenticate, a
+// missing grant a 403; a CORS preflight needs none, a cacheable page is
+// cached privately, and a message may not claim another actor.
 func TestStreamHTTP_Tokens(t *testing.T) {
 	t.Parallel()
 	v, err := auth.New(auth.Config{Secret: testSecret})
@@ -30,23 +30,31 @@ func TestStreamHTTP_Tokens(t *testing.T) {
 			RegisteredClaims: jwt.RegisteredClaims{Subject: "backend", ExpiresAt: jwt.NewNumericDate(exp)}, Topics: topics})
 	}
 	hour := time.Now().Add(time.Hour)
+	chat := []string{"chat:*"}
+	var (
+		reader   = token(auth.TopicClaims{Subscribe: chat}, hour)
+		writer   = token(auth.TopicClaims{Subscribe: chat, Publish: chat}, hour)
+		manager  = token(auth.TopicClaims{Subscribe: chat, Publish: chat, Manage: chat}, hour)
+		other    = token(auth.TopicClaims{Subscribe: []string{"other:*"}, Publish: []string{"other:*"}, Manage: []string{"other:*"}}, hour)
+		anyTopic = token(auth.TopicClaims{Subscribe: []string{"**"}, Manage: []string{"**"}}, hour)
+		forker   = token(auth.TopicClaims{Subscribe: []string{"secret:*"}, Manage: chat}, hour)
+		expired  = token(auth.TopicClaims{Manage: chat}, time.Now().Add(-time.Hour))
+	)
 	bearer := func(tok string) []string { return []string{"Authorization", "Bearer " + tok} }
 	jsonType := []string{"Content-Type", "application/json"}
 	with := func(kv ...[]string) map[string][]string {
-		var all []string
+		var flat []string
 		for _, p := range kv {
-			all = append(all, p...)
+			flat = append(flat, p...)
 		}
-		return hdr(all...)
+		return hdr(flat...)
 	}
-	var (
-		reader   = token(auth.TopicClaims{Subscribe: []string{"chat:*"}}, hour)
-		writer   = token(auth.TopicClaims{Subscribe: []string{"chat:*"}, Publish: []string{"chat:*"}}, hour)
-		other    = token(auth.TopicClaims{Subscribe: []string{"other:*"}, Publish: []string{"other:*"}}, hour)
-		anyTopic = token(all, hour)
-		forker   = token(auth.TopicClaims{Subscribe: []string{"secret:*"}, Publish: []string{"chat:*"}}, hour)
-		expired  = token(auth.TopicClaims{Publish: []string{"chat:*"}}, time.Now().Add(-time.Hour))
-	)
+	ok := func(r reply) {
+		t.Helper()
+		if r.status/100 != 2 {
+			t.Fatalf("status %d (%q), want 2xx", r.status, r.body)
+		}
+	}
 	const p = "/v1/stream/chat:1"
 
 	for _, h := range [][]string{nil, {"Authorization", "Basic dXNlcjpwdw=="}, {"Authorization", "Bearer "}} {
@@ -57,52 +65,50 @@ func TestStreamHTTP_Tokens(t *testing.T) {
 	}
 	s.do(t, "PUT", p, with(jsonType, bearer("not.a.jwt")), "").want(t, 401)
 	s.do(t, "PUT", p, with(jsonType, bearer(reader)), "").want(t, 403)
-	s.do(t, "PUT", p, with(jsonType, bearer(writer)), "").want(t, 201)
+	s.do(t, "PUT", p, with(jsonType, bearer(writer)), "").want(t, 403) // creating is managing
+	s.do(t, "PUT", p, with(jsonType, bearer(other)), "").want(t, 403)
+	s.do(t, "PUT", p, with(jsonType, bearer(manager)), "").want(t, 201)
 
 	s.do(t, "POST", p, with(jsonType, bearer(reader)), `{"n":1}`).want(t, 403)
 	s.do(t, "POST", p, with(jsonType, bearer(other)), `{"n":1}`).want(t, 403)
-	if r := s.do(t, "POST", p, with(jsonType, bearer(writer)), `{"n":1}`); r.status/100 != 2 {
-		t.Fatalf("append with the publish grant: status %d (%q)", r.status, r.body)
-	}
+	ok(s.do(t, "POST", p, with(jsonType, bearer(writer)), `{"n":1}`))
 	// A record read as a WebSocket publish's may not speak for another
 	// actor; the token's own sub, null or none is fine.
 	for _, body := range []string{`{"data":"x","actorId":"alice","at":1}`, `[{"n":2},{"data":"x","actorId":"alice"}]`} {
 		s.do(t, "POST", p, with(jsonType, bearer(writer)), body).want(t, 403)
 	}
 	for _, body := range []string{`{"data":"y","actorId":"backend","at":1}`, `{"data":"z","actorId":null}`} {
-		if r := s.do(t, "POST", p, with(jsonType, bearer(writer)), body); r.status/100 != 2 {
-			t.Fatalf("append %s: status %d (%q)", body, r.status, r.body)
-		}
+		ok(s.do(t, "POST", p, with(jsonType, bearer(writer)), body))
 	}
-	s.do(t, "PUT", "/v1/stream/chat:3", with(jsonType, bearer(writer)), `{"data":"x","actorId":"alice"}`).want(t, 403)
-	// RFC 7235 allows more than one space after the scheme.
-	s.do(t, "HEAD", p, hdr("Authorization", "bearer   "+reader), "").want(t, 200)
+	s.do(t, "PUT", "/v1/stream/chat:3", with(jsonType, bearer(manager)), `{"data":"x","actorId":"alice"}`).want(t, 403)
 
 	s.do(t, "GET", p+"?offset=-1", with(bearer(other)), "").want(t, 403)
 	s.do(t, "GET", p+"?offset=-1", nil, "").want(t, 401)
 	s.do(t, "GET", p+"?offset=-1", with(bearer(reader)), "").want(t, 200).
 		wantBody(t, `[{"n":1},{"data":"y","actorId":"backend","at":1},{"data":"z","actorId":null}]`)
 	s.do(t, "HEAD", p, with(bearer(reader)), "").want(t, 200)
+	// RFC 7235 allows more than one space after the scheme.
+	s.do(t, "HEAD", p, hdr("Authorization", "bearer   "+reader), "").want(t, 200)
 	s.do(t, "OPTIONS", p, nil, "").want(t, 204)
 
 	// A fork reads its source: the subscribe grant on it is needed too.
 	s.do(t, "PUT", "/v1/stream/secret:1", with(jsonType, bearer(anyTopic)), "").want(t, 201)
 	fork := []string{"Stream-Forked-From", "/v1/stream/secret:1"}
-	s.do(t, "PUT", "/v1/stream/chat:2", with(jsonType, fork, bearer(writer)), "").want(t, 403)
+	s.do(t, "PUT", "/v1/stream/chat:2", with(jsonType, fork, bearer(manager)), "").want(t, 403)
 	s.do(t, "PUT", "/v1/stream/chat:2", with(jsonType, fork, bearer(forker)), "").want(t, 201)
 
 	// A page cut short by the chunk limit may be cached, but privately.
 	big := `"` + strings.Repeat("x", 700<<10) + `"`
 	for range 2 {
-		if r := s.do(t, "POST", "/v1/stream/chat:2", with(jsonType, bearer(writer)), big); r.status/100 != 2 {
-			t.Fatalf("append: status %d (%q)", r.status, r.body)
-		}
+		ok(s.do(t, "POST", "/v1/stream/chat:2", with(jsonType, bearer(writer)), big))
 	}
 	s.do(t, "GET", "/v1/stream/chat:2?offset=-1", with(bearer(reader)), "").want(t, 200).
 		wantHeader(t, "Cache-Control", "private, max-age=60, stale-while-revalidate=300")
 
-	s.do(t, "DELETE", p, with(bearer(reader)), "").want(t, 403)
-	if r := s.do(t, "DELETE", p, with(bearer(writer)), ""); r.status/100 != 2 {
-		t.Fatalf("delete with the publish grant: status %d (%q)", r.status, r.body)
-	}
+	// Closing and deleting are managing.
+	closing := []string{"Stream-Closed", "true"}
+	s.do(t, "POST", "/v1/stream/chat:2", with(jsonType, closing, bearer(writer)), `{"n":3}`).want(t, 403)
+	ok(s.do(t, "POST", "/v1/stream/chat:2", with(jsonType, closing, bearer(manager)), `{"n":3}`))
+	s.do(t, "DELETE", p, with(bearer(writer)), "").want(t, 403)
+	ok(s.do(t, "DELETE", p, with(bearer(manager)), ""))
 }
