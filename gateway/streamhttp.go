@@ -109,7 +109,7 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
 	}
 	switch r.Method {
 	case http.MethodGet:
-		s.serveRead(w, r, name)
+		s.serveRead(w, r, name, id)
 	case http.MethodHead:
 		s.serveHead(w, r, name)
 	case http.MethodPut:

@@ -112,3 +112,74 @@ func TestStreamHTTP_Tokens(t *testing.T) {
 	s.do(t, "DELETE", p, with(bearer(writer)), "").want(t, 403)
 	ok(s.do(t, "DELETE", p, with(bearer(manager)), ""))
 }
+
+// TestStreamHTTP_LiveReadEndsAtTokenExp: a long-poll or SSE read made with
+// a token ends by the token's exp, well before its own bound (a minute
+// here), so a token cannot keep a live read open once it has expired; a
+// token already past its exp (accepted within the verifier's leeway) gets
+// catch-up reads but no live one.
+func TestStreamHTTP_LiveReadEndsAtTokenExp(t *testing.T) {
+	t.Parallel()
+	v, err := auth.New(auth.Config{Secret: testSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStreamServer(t, gateway.Config{Verifier: v, LongPollTimeout: time.Minute})
+	token := func(exp time.Time) string {
+		return sign(t, jwt.SigningMethodHS256, testSecret, auth.Claims{
+			RegisteredClaims: jwt.RegisteredClaims{Subject: "reader", ExpiresAt: jwt.NewNumericDate(exp)},
+			Topics:           auth.TopicClaims{Subscribe: []string{"news"}, Manage: []string{"news"}}})
+	}
+	const p = "/v1/stream/news"
+	s.do(t, "PUT", p, hdr("Content-Type", "text/plain", "Authorization", "Bearer "+token(time.Now().Add(time.Hour))), "hi").want(t, 201)
+
+	// exp is in whole seconds: this one comes one to two seconds from now.
+	exp := jwt.NewNumericDate(time.Now().Add(2 * time.Second)).Time
+	soon := hdr("Authorization", "Bearer "+token(exp))
+	type ended struct {
+		r   reply
+		err error
+		at  time.Time
+	}
+	modes := []string{"long-poll", "sse"}
+	done := make(chan ended, len(modes))
+	for _, mode := range modes {
+		offset := "-1"
+		if mode == "long-poll" {
+			offset = "now"
+		}
+		go func() {
+			r, err := s.try("GET", p+"?offset="+offset+"&live="+mode, soon, "")
+			done <- ended{r, err, time.Now()}
+		}()
+	}
+	for range modes {
+		select {
+		case e := <-done:
+			if e.err != nil {
+				t.Fatal(e.err)
+			}
+			if e.at.Before(exp.Add(-100 * time.Millisecond)) {
+				t.Errorf("a live read ended at %v, before the token's exp %v: status %d, body %q", e.at, exp, e.r.status, e.r.body)
+			}
+			switch ct := e.r.header.Get("Content-Type"); {
+			case e.r.status == 204:
+			case e.r.status == 200 && ct == "text/event-stream" && strings.Contains(e.r.body, "event: data"):
+			default:
+				t.Errorf("live read: status %d, Content-Type %q, body %q; want a 204 long-poll or an SSE stream that sent the data", e.r.status, ct, e.r.body)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("a live read with a token expiring in two seconds was still open after 30 s")
+		}
+	}
+
+	// Past exp, within the leeway (10 s by default): catch-up only.
+	late := hdr("Authorization", "Bearer "+token(time.Now().Add(-3*time.Second)))
+	s.do(t, "GET", p+"?offset=-1", late, "").want(t, 200).wantBody(t, "hi")
+	for _, mode := range modes {
+		r := s.do(t, "GET", p+"?offset=-1&live="+mode, late, "").want(t, 401)
+		if got := r.header.Get("WWW-Authenticate"); !strings.Contains(got, `error="invalid_token"`) {
+			t.Errorf("live=%s with an expired token: WWW-Authenticate %q, want error=\"invalid_token\"", mode, got)
+		}
+	}
+}

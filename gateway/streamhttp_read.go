@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/syncgate/syncgate/auth"
 	"github.com/syncgate/syncgate/storage"
 )
 
@@ -144,20 +145,44 @@ func (s *Server) serveHead(w http.ResponseWriter, r *http.Request, name string) 
 }
 
 // serveRead answers GET in the mode the query asks for.
-func (s *Server) serveRead(w http.ResponseWriter, r *http.Request, name string) {
+//
+// With a token (id not nil), a live read ends by the token's exp, as a
+// WebSocket session is told at exp: the client comes back from its offset
+// with a fresh token. A token past its exp, still accepted within the
+// verifier's leeway, gets catch-up reads only.
+func (s *Server) serveRead(w http.ResponseWriter, r *http.Request, name string, id *auth.Identity) {
 	q, err := parseReadQuery(r.URL.RawQuery)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
+	var until time.Time // zero: no bound but the mode's own
+	if id != nil && q.live != liveNone {
+		until = id.Expires
+		if !until.After(s.cfg.Now()) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="syncgate", error="invalid_token"`)
+			s.fail(w, r, &requestError{http.StatusUnauthorized,
+				"the token has reached its exp: a live read needs a token that has not, so fetch a fresh one (catch-up reads still take this one within the leeway)"})
+			return
+		}
+	}
 	switch q.live {
 	case liveLongPoll:
-		s.serveLongPoll(w, r, name, q)
+		s.serveLongPoll(w, r, name, q, until)
 	case liveSSE:
-		s.serveSSE(w, r, name, q)
+		s.serveSSE(w, r, name, q, until)
 	default:
 		s.serveCatchUp(w, r, name, q)
 	}
+}
+
+// liveFor is how long a live read may last: d, or less when until (not
+// zero) comes sooner.
+func (s *Server) liveFor(d time.Duration, until time.Time) time.Duration {
+	if !until.IsZero() {
+		d = min(d, until.Sub(s.cfg.Now()))
+	}
+	return d
 }
 
 // resolveNow replaces offset "now" by the stream's tail, and returns the
@@ -221,15 +246,17 @@ func (s *Server) serveCatchUp(w http.ResponseWriter, r *http.Request, name strin
 }
 
 // serveLongPoll answers a GET with live=long-poll: the records after the
-// offset as soon as there are any, else 204 after s.cfg.LongPollTimeout
-// (at once for a closed stream at its end). Both carry Stream-Cursor.
-func (s *Server) serveLongPoll(w http.ResponseWriter, r *http.Request, name string, q readQuery) {
+// offset as soon as there are any, else 204 after s.cfg.LongPollTimeout or
+// at until, whichever is sooner (at once for a closed stream at its end).
+// Both carry Stream-Cursor.
+func (s *Server) serveLongPoll(w http.ResponseWriter, r *http.Request, name string, q readQuery, until time.Time) {
 	if _, err := s.resolveNow(r.Context(), name, &q); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	extendWriteDeadline(w, s.cfg.LongPollTimeout+s.cfg.WriteTimeout)
-	waitCtx, cancel := s.liveContext(r.Context(), s.cfg.LongPollTimeout)
+	wait := s.liveFor(s.cfg.LongPollTimeout, until)
+	extendWriteDeadline(w, wait+s.cfg.WriteTimeout)
+	waitCtx, cancel := s.liveContext(r.Context(), wait)
 	defer cancel()
 
 	h := w.Header()
@@ -392,8 +419,9 @@ type sseControl struct {
 // events, each followed by a control event with the offset after it, then
 // live data as it is appended. Idle for s.cfg.LongPollTimeout, it sends a
 // keep-alive control event. It ends at the closed stream's end, after
-// sseLifetime, or at shutdown; the client reconnects from its last offset.
-func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, name string, q readQuery) {
+// sseLifetime or at until (whichever is sooner), or at shutdown; the client
+// reconnects from its last offset.
+func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, name string, q readQuery, until time.Time) {
 	if _, err := s.resolveNow(r.Context(), name, &q); err != nil {
 		s.fail(w, r, err)
 		return
@@ -414,7 +442,7 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, name string, q
 	rc := http.NewResponseController(w)
 	w.WriteHeader(http.StatusOK)
 
-	life, cancel := s.liveContext(r.Context(), sseLifetime)
+	life, cancel := s.liveContext(r.Context(), s.liveFor(sseLifetime, until))
 	defer cancel()
 	var buf bytes.Buffer
 	for first := true; ; first = false {
