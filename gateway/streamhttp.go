@@ -99,11 +99,8 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	id, aerr := s.authorizeStream(r, name)
+	id, aerr := s.authorizeStream(h, r, name)
 	if aerr != nil {
-		if aerr.status == http.StatusUnauthorized {
-			h.Set("WWW-Authenticate", `Bearer realm="syncgate"`)
-		}
 		s.fail(w, r, aerr)
 		return
 	}
@@ -125,6 +122,13 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// The WWW-Authenticate challenges of a 401: for a request without a
+// bearer token, and for one whose token was refused or has expired.
+const (
+	challenge        = `Bearer realm="syncgate"`
+	challengeInvalid = `Bearer realm="syncgate", error="invalid_token"`
+)
+
 // authorizeStream checks a stream request's bearer token when the gateway
 // has token keys (Config.Verifier), with the grants of the WebSocket's
 // tokens and a stream's name as the topic: a read (GET, HEAD) needs the
@@ -132,10 +136,12 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
 // WebSocket publish cannot do, creating (PUT, which also sets the type
 // and TTL), closing (a POST with Stream-Closed: true) and deleting, the
 // manage grant; a fork also needs the subscribe grant on its source. A
-// missing or refused token is a 401, a missing grant a 403. It returns
-// the token's identity, nil without a Verifier (the anonymous dev mode)
-// and for methods the API does not serve, which pass.
-func (s *Server) authorizeStream(r *http.Request, name string) (*auth.Identity, *requestError) {
+// missing or refused token is a 401, with its challenge set in h
+// (error="invalid_token" for a refused one, RFC 6750 §3.1), a missing
+// grant a 403. It returns the token's identity, nil without a Verifier
+// (the anonymous dev mode) and for methods the API does not serve, which
+// pass.
+func (s *Server) authorizeStream(h http.Header, r *http.Request, name string) (*auth.Identity, *requestError) {
 	v := s.cfg.Verifier
 	if v == nil {
 		return nil, nil
@@ -168,11 +174,13 @@ func (s *Server) authorizeStream(r *http.Request, name string) (*auth.Identity, 
 	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
 	token = strings.TrimLeft(token, " \t")
 	if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
+		h.Set("WWW-Authenticate", challenge)
 		return nil, &requestError{http.StatusUnauthorized,
 			"this server requires a token: send the same JWT as in a WebSocket hello, as Authorization: Bearer <token>"}
 	}
 	id, err := v.Verify(token)
 	if err != nil {
+		h.Set("WWW-Authenticate", challengeInvalid)
 		// auth's errors never contain the token.
 		return nil, &requestError{http.StatusUnauthorized, "Authorization: " + err.Error()}
 	}

@@ -15,8 +15,8 @@ import (
 // WebSocket's bearer token, and a stream's name is its topic: reads need
 // the subscribe grant, appends the publish grant, creating, closing and
 // deleting the manage grant, and a fork the subscribe grant on its source
-// too. A missing or refused token is a 401 with WWW-Authenticate, a
-// missing grant a 403; a CORS preflight needs none, a cacheable page is
+// too. A missing or refused token is a 401 with WWW-Authenticate (saying
+// invalid_token for a refused one), a missing grant a 403; a CORS preflight needs none, a cacheable page is
 // cached privately, and a message may not claim another actor.
 func TestStreamHTTP_Tokens(t *testing.T) {
 	t.Parallel()
@@ -60,10 +60,11 @@ func TestStreamHTTP_Tokens(t *testing.T) {
 	for _, h := range [][]string{nil, {"Authorization", "Basic dXNlcjpwdw=="}, {"Authorization", "Bearer "}} {
 		s.do(t, "PUT", p, with(jsonType, h), "").want(t, 401).wantHeader(t, "WWW-Authenticate", `Bearer realm="syncgate"`)
 	}
-	if r := s.do(t, "PUT", p, with(jsonType, bearer(expired)), "").want(t, 401); !strings.Contains(r.body, "expired") {
+	invalid := `Bearer realm="syncgate", error="invalid_token"`
+	if r := s.do(t, "PUT", p, with(jsonType, bearer(expired)), "").want(t, 401).wantHeader(t, "WWW-Authenticate", invalid); !strings.Contains(r.body, "expired") {
 		t.Fatalf("expired token: body %q does not say so", r.body)
 	}
-	s.do(t, "PUT", p, with(jsonType, bearer("not.a.jwt")), "").want(t, 401)
+	s.do(t, "PUT", p, with(jsonType, bearer("not.a.jwt")), "").want(t, 401).wantHeader(t, "WWW-Authenticate", invalid)
 	s.do(t, "PUT", p, with(jsonType, bearer(reader)), "").want(t, 403)
 	s.do(t, "PUT", p, with(jsonType, bearer(writer)), "").want(t, 403) // creating is managing
 	s.do(t, "PUT", p, with(jsonType, bearer(other)), "").want(t, 403)
@@ -133,8 +134,8 @@ func TestStreamHTTP_LiveReadEndsAtTokenExp(t *testing.T) {
 	const p = "/v1/stream/news"
 	s.do(t, "PUT", p, hdr("Content-Type", "text/plain", "Authorization", "Bearer "+token(time.Now().Add(time.Hour))), "hi").want(t, 201)
 
-	// exp is in whole seconds: this one comes one to two seconds from now.
-	exp := jwt.NewNumericDate(time.Now().Add(2 * time.Second)).Time
+	// exp is in whole seconds: this one comes two to three seconds from now.
+	exp := jwt.NewNumericDate(time.Now().Add(3 * time.Second)).Time
 	soon := hdr("Authorization", "Bearer "+token(exp))
 	type ended struct {
 		r   reply
@@ -169,7 +170,7 @@ func TestStreamHTTP_LiveReadEndsAtTokenExp(t *testing.T) {
 				t.Errorf("live read: status %d, Content-Type %q, body %q; want a 204 long-poll or an SSE stream that sent the data", e.r.status, ct, e.r.body)
 			}
 		case <-time.After(30 * time.Second):
-			t.Fatal("a live read with a token expiring in two seconds was still open after 30 s")
+			t.Fatal("a live read with a token expiring within three seconds was still open after 30 s")
 		}
 	}
 

@@ -160,7 +160,7 @@ func (s *Server) serveRead(w http.ResponseWriter, r *http.Request, name string, 
 	if id != nil && q.live != liveNone {
 		until = id.Expires
 		if !until.After(s.cfg.Now()) {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="syncgate", error="invalid_token"`)
+			w.Header().Set("WWW-Authenticate", challengeInvalid)
 			s.fail(w, r, &requestError{http.StatusUnauthorized,
 				"the token has reached its exp: a live read needs a token that has not, so fetch a fresh one (catch-up reads still take this one within the leeway)"})
 			return
