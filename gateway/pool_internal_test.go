@@ -343,7 +343,8 @@ func releaseWriter(t *testing.T, srv *Server, s *session) {
 // rate its last batch came, its last two writes were within twice the
 // delay, and its queue is not pressed; the hold ends one delay after its
 // last write, or sooner when a full batch (holdFull frames) would have
-// come by then at that rate.
+// come by then at that rate, or, for a session that would gather fewer
+// than holdFew frames, a quarter gap after its next frame would have.
 func TestSession_HoldsOnlyWhatBatches(t *testing.T) {
 	now := time.Unix(1000, 0)
 	const d = 20 * time.Millisecond
@@ -361,8 +362,10 @@ func TestSession_HoldsOnlyWhatBatches(t *testing.T) {
 		{"never written", 0, 0, 0, 0},
 		{"a frame a delay apart", 1, ms(20), ms(5), 0},
 		{"a frame 14 ms apart: 1.43 a delay", 1, ms(14), ms(5), 0},
-		{"a frame 13 ms apart: 1.54 a delay", 1, ms(13), ms(5), 15 * time.Millisecond},
-		{"two frames a delay apart", 2, ms(20), ms(5), 15 * time.Millisecond},
+		{"a frame 13 ms apart: 1.54 a delay, held 1.25 gaps", 1, ms(13), ms(5), 11250 * time.Microsecond},
+		{"two frames a delay apart: held 12.5 ms", 2, ms(20), ms(5), 7500 * time.Microsecond},
+		{"three frames 24 ms apart: held 10 ms", 3, ms(24), ms(5), 5 * time.Millisecond},
+		{"four frames a delay apart: held the delay", 4, ms(20), ms(5), 15 * time.Millisecond},
 		{"twenty frames a delay apart", 20, ms(20), ms(5), 15 * time.Millisecond},
 		{"many frames, but writes two delays apart", 100, ms(40), ms(5), 0},
 		{"64 frames a delay apart: a full batch a delay", 64, ms(20), ms(5), 15 * time.Millisecond},
