@@ -93,7 +93,9 @@ type Config struct {
 	// (a token bucket of FrameBurst); a frame over it is dropped and
 	// answered with X_RATE_LIMITED, and a session that keeps flooding is
 	// read more slowly (limits.go). Zero means 1000; negative turns the
-	// limit off. FrameBurst zero means twice FrameRate.
+	// limit off. FrameBurst zero means twice FrameRate. With a Verifier
+	// the same bucket bounds the HTTP stream writes of each token sub,
+	// across its requests (writerLimits in limits.go).
 	FrameRate  float64
 	FrameBurst int
 

@@ -179,3 +179,65 @@ func clientIP(remoteAddr string) string {
 }
 
 func formatRate(r float64) string { return strconv.FormatFloat(r, 'g', -1, 64) }
+
+// writerLimits holds the frame rate's counterpart for the HTTP stream API:
+// with token keys, the writes (PUT, POST, DELETE under /v1/stream/) of one
+// token sub share a token bucket of Config.FrameRate per second,
+// FrameBurst deep, across all its requests and connections. A write over
+// it gets 429 with Retry-After (the Durable Streams protocol's answer to a
+// rate limit) and does nothing. Reads are not limited: a live read costs
+// a wait, not a write. Without token keys (the anonymous dev mode) there
+// is no sub to key on, and no limit.
+//
+// A sub's bucket is kept while it is in use; sweep drops the full ones,
+// so the map holds the subs that wrote within about a burst's refill
+// time. Subs come from verified tokens, so a client cannot mint new keys.
+type writerLimits struct {
+	limit rate.Limit // static
+	burst int        // static
+
+	mu   sync.Mutex
+	subs map[string]*rate.Limiter // guarded by mu
+}
+
+// newWriterLimits returns the limits for FrameRate and FrameBurst, or nil
+// when the frame rate is off.
+func newWriterLimits(frameRate float64, frameBurst int) *writerLimits {
+	if frameRate <= 0 {
+		return nil
+	}
+	return &writerLimits{limit: rate.Limit(frameRate), burst: frameBurst, subs: map[string]*rate.Limiter{}}
+}
+
+// allow takes a token for one write by sub at now. When there is none it
+// reports how long until there is.
+func (w *writerLimits) allow(sub string, now time.Time) (ok bool, retry time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	lim := w.subs[sub]
+	if lim == nil {
+		lim = rate.NewLimiter(w.limit, w.burst)
+		w.subs[sub] = lim
+	}
+	if lim.AllowN(now, 1) {
+		return true, 0
+	}
+	missing := 1 - lim.TokensAt(now)
+	return false, time.Duration(missing / float64(w.limit) * float64(time.Second))
+}
+
+// sweep forgets the subs whose bucket is full at now (they have not
+// written for a while: a new bucket would be the same) and returns how
+// many.
+func (w *writerLimits) sweep(now time.Time) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for sub, lim := range w.subs {
+		if lim.TokensAt(now) >= float64(w.burst) {
+			delete(w.subs, sub)
+			n++
+		}
+	}
+	return n
+}

@@ -55,3 +55,27 @@ func TestPauseReading_WakesOnClose(t *testing.T) {
 	// Closed already: no pause at all.
 	s.pauseReading(time.Hour)
 }
+
+// TestWriterLimits_SweepDropsFullBuckets: the minute sweep forgets a sub
+// once its bucket has refilled (a new one would be the same), not before.
+func TestWriterLimits_SweepDropsFullBuckets(t *testing.T) {
+	w := newWriterLimits(2, 4) // refills from empty in 2 s
+	t0 := time.Unix(1000, 0)
+	for range 4 {
+		if ok, _ := w.allow("a", t0); !ok {
+			t.Fatal("a write within the burst was refused")
+		}
+	}
+	if ok, retry := w.allow("a", t0); ok || retry != 500*time.Millisecond {
+		t.Fatalf("over the burst: allow = %v, %v; want false, 500ms", ok, retry)
+	}
+	if n := w.sweep(t0.Add(time.Second)); n != 0 {
+		t.Fatalf("sweep of a half-full bucket dropped %d", n)
+	}
+	if n := w.sweep(t0.Add(2 * time.Second)); n != 1 || len(w.subs) != 0 {
+		t.Fatalf("sweep of a full bucket dropped %d, left %d", n, len(w.subs))
+	}
+	if newWriterLimits(0, 0) != nil || newWriterLimits(-1, 0) != nil {
+		t.Fatal("a frame rate that is off still made writer limits")
+	}
+}

@@ -56,6 +56,7 @@ type metrics struct {
 	framesOut         [numFrameTypes]prometheus.Counter
 	badFrames         prometheus.Counter
 	framesRateLimited prometheus.Counter
+	httpRateLimited   prometheus.Counter
 	errorsByCode      *prometheus.CounterVec
 	bytesIn           prometheus.Counter
 	bytesOut          prometheus.Counter
@@ -98,6 +99,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		}),
 		framesRateLimited: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "syncgate_frames_rate_limited_total", Help: "Inbound frames dropped, undecoded, for being over their session's frame rate.",
+		}),
+		httpRateLimited: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "syncgate_http_writes_rate_limited_total", Help: "Durable Streams HTTP writes refused with 429 for being over their token sub's rate.",
 		}),
 		errorsByCode: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "syncgate_error_acks_total", Help: "Error acks sent, by error code.",
@@ -185,7 +189,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	for r := range numCloseReasons {
 		m.closes[r] = closes.WithLabelValues(r.String())
 	}
-	reg.MustRegister(m.sessions, m.accepted, rejected, m.draining, framesIn, framesOut, m.badFrames, m.framesRateLimited,
+	reg.MustRegister(m.sessions, m.accepted, rejected, m.draining, framesIn, framesOut, m.badFrames, m.framesRateLimited, m.httpRateLimited,
 		m.errorsByCode, m.bytesIn, m.bytesOut, m.messagesOut, drops, closes, m.deliveryLatency, m.publishes, m.writeDelay, m.overloadTicks, m.writesBlocked, m.writerStalls,
 		m.tailers, m.replayed, resumes, m.tokenRefreshes)
 	reg.MustRegister(m.presenceDiffs, m.presenceRejoins)

@@ -60,6 +60,8 @@ type Server struct {
 	perIP    *counter           // sessions per client address (limits.go)
 	perActor *counter           // sessions per actor (limits.go)
 
+	httpWriters *writerLimits // HTTP stream writes per token sub (limits.go); nil without token keys or frame rate
+
 	randMu sync.Mutex
 	rnd    *rand.Rand // guarded by randMu: drain slots and refusal jitter
 
@@ -102,6 +104,9 @@ func New(cfg Config) (*Server, error) {
 		drainReq:  make(chan struct{}),
 		rnd:       cfg.Rand,
 		buildID:   cfg.BuildID,
+	}
+	if cfg.Verifier != nil {
+		s.httpWriters = newWriterLimits(cfg.FrameRate, cfg.FrameBurst)
 	}
 	// The budget gets a source of its own, drawn from cfg.Rand, so a
 	// seeded cfg.Rand makes both deterministic.
@@ -337,6 +342,9 @@ func (s *Server) sweepLoop() {
 		case <-t.C:
 			if n := s.producers.sweep(s.cfg.Now()); n > 0 {
 				s.log.Debug("forgot idle producers", "count", n)
+			}
+			if s.httpWriters != nil {
+				s.httpWriters.sweep(s.cfg.Now())
 			}
 		}
 	}

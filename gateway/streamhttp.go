@@ -15,6 +15,7 @@ package gateway
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -56,7 +57,7 @@ const (
 const (
 	corsAllowMethods  = "GET, HEAD, POST, PUT, DELETE, OPTIONS"
 	corsAllowHeaders  = "Content-Type, Authorization, If-None-Match, Stream-Seq, Stream-TTL, Stream-Expires-At, Stream-Closed, Producer-Id, Producer-Epoch, Producer-Seq, Stream-Forked-From, Stream-Fork-Offset, Stream-Fork-Sub-Offset"
-	corsExposeHeaders = "WWW-Authenticate, Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, Stream-TTL, Stream-Expires-At, Stream-SSE-Data-Encoding, Producer-Epoch, Producer-Seq, Producer-Expected-Seq, Producer-Received-Seq, ETag, Content-Type, Location"
+	corsExposeHeaders = "WWW-Authenticate, Retry-After, Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, Stream-TTL, Stream-Expires-At, Stream-SSE-Data-Encoding, Producer-Epoch, Producer-Seq, Producer-Expected-Seq, Producer-Received-Seq, ETag, Content-Type, Location"
 )
 
 // streamsFirst sends every request under streamPrefix to streams and the
@@ -100,6 +101,9 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id, aerr := s.authorizeStream(h, r, name)
+	if aerr == nil {
+		aerr = s.limitWrite(h, r, id)
+	}
 	if aerr != nil {
 		s.fail(w, r, aerr)
 		return
@@ -191,6 +195,31 @@ func (s *Server) authorizeStream(h http.Header, r *http.Request, name string) (*
 		}
 	}
 	return id, nil
+}
+
+// limitWrite takes a token from the writer limit of id's sub for a write
+// (PUT, POST, DELETE); over the limit it returns a 429 and sets
+// Retry-After in h (see writerLimits). Without a token, reads and other
+// methods pass.
+func (s *Server) limitWrite(h http.Header, r *http.Request, id *auth.Identity) *requestError {
+	if id == nil || s.httpWriters == nil {
+		return nil
+	}
+	switch r.Method {
+	case http.MethodPut, http.MethodPost, http.MethodDelete:
+	default:
+		return nil
+	}
+	ok, retry := s.httpWriters.allow(id.ActorID, s.cfg.Now())
+	if ok {
+		return nil
+	}
+	s.metrics.httpRateLimited.Inc()
+	secs := max(1, int(math.Ceil(retry.Seconds())))
+	h.Set("Retry-After", strconv.Itoa(secs))
+	return &requestError{http.StatusTooManyRequests, fmt.Sprintf(
+		"too many writes for this token's sub: at most %g a second (bursts of %d) across its requests; retry after %d s",
+		float64(s.httpWriters.limit), s.httpWriters.burst, secs)}
 }
 
 // checkRecordActors refuses, for a request that came with a token (id not

@@ -184,3 +184,54 @@ func TestStreamHTTP_LiveReadEndsAtTokenExp(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamHTTP_WriteRateBySub: with token keys, the HTTP writes of one
+// token sub share a bucket of FrameRate, FrameBurst deep; a write over it
+// gets 429 with Retry-After, appends nothing and is counted, while another
+// sub and reads go on. Without token keys nothing is limited. The
+// server's clock stands still here, so no token comes back mid-test.
+func TestStreamHTTP_WriteRateBySub(t *testing.T) {
+	t.Parallel()
+	v, err := auth.New(auth.Config{Secret: testSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStreamServer(t, gateway.Config{Verifier: v, FrameRate: 0.5, FrameBurst: 3})
+	token := func(sub string) []string {
+		return []string{"Authorization", "Bearer " + sign(t, jwt.SigningMethodHS256, testSecret, auth.Claims{
+			RegisteredClaims: jwt.RegisteredClaims{Subject: sub, ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))},
+			Topics:           auth.TopicClaims{Subscribe: []string{"**"}, Publish: []string{"**"}, Manage: []string{"**"}}})}
+	}
+	text := []string{"Content-Type", "text/plain"}
+	alice, bob := token("alice"), token("bob")
+	with := func(kv ...[]string) map[string][]string {
+		var flat []string
+		for _, p := range kv {
+			flat = append(flat, p...)
+		}
+		return hdr(flat...)
+	}
+	s.do(t, "PUT", "/v1/stream/a", with(text, alice), "").want(t, 201)
+	s.do(t, "POST", "/v1/stream/a", with(text, alice), "1").want(t, 204)
+	s.do(t, "POST", "/v1/stream/a", with(text, alice), "2").want(t, 204)
+	r := s.do(t, "POST", "/v1/stream/a", with(text, alice), "3").want(t, 429)
+	if ra := r.header.Get("Retry-After"); ra != "2" {
+		t.Errorf("Retry-After %q, want 2 (one token at 0.5 a second)", ra)
+	}
+	if !strings.Contains(r.body, "too many writes") {
+		t.Errorf("429 body %q does not say why", r.body)
+	}
+	s.do(t, "DELETE", "/v1/stream/a", with(alice), "").want(t, 429)
+	// Reads and another sub are not held back.
+	s.do(t, "GET", "/v1/stream/a?offset=-1", with(alice), "").want(t, 200).wantBody(t, "12")
+	s.do(t, "POST", "/v1/stream/a", with(text, bob), "4").want(t, 204)
+	if got := metricValue(t, scrape(t, s.base), "syncgate_http_writes_rate_limited_total"); got != 2 {
+		t.Errorf("syncgate_http_writes_rate_limited_total = %v, want 2", got)
+	}
+
+	anon := newStreamServer(t, gateway.Config{FrameRate: 0.5, FrameBurst: 1})
+	anon.do(t, "PUT", "/v1/stream/a", with(text), "").want(t, 201)
+	for _, body := range []string{"1", "2", "3"} {
+		anon.do(t, "POST", "/v1/stream/a", with(text), body).want(t, 204)
+	}
+}

@@ -291,7 +291,7 @@ var settings = []setting{
 			c.Gateway.TokenGrace = d
 			return nil
 		}},
-	{"frame-rate", "SYNCGATE_FRAME_RATE", "1000", "frames per second a session may send (token bucket); over it frames are dropped with X_RATE_LIMITED (off: no limit)",
+	{"frame-rate", "SYNCGATE_FRAME_RATE", "1000", "frames per second a session may send (token bucket); over it frames are dropped with X_RATE_LIMITED; with token keys also HTTP stream writes per token sub (429) (off: no limit)",
 		func(c *config, v string) error {
 			if v == "off" {
 				c.Gateway.FrameRate = -1
