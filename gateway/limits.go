@@ -189,9 +189,12 @@ func formatRate(r float64) string { return strconv.FormatFloat(r, 'g', -1, 64) }
 // a wait, not a write. Without token keys (the anonymous dev mode) there
 // is no sub to key on, and no limit.
 //
-// A sub's bucket is kept while it is in use; sweep drops the full ones,
-// so the map holds the subs that wrote within about a burst's refill
-// time. Subs come from verified tokens, so a client cannot mint new keys.
+// A sub's bucket is kept while it is in use; sweep (once a minute) drops
+// the full ones, so the map holds the subs that wrote within a burst's
+// refill time plus a minute. Subs come from verified tokens, so a client
+// cannot mint new keys. The buckets follow Config.Now: a clock stepped
+// back (only a test's or a wall clock without a monotonic reading) stops
+// their refill until it passes the time it was at.
 type writerLimits struct {
 	limit rate.Limit // static
 	burst int        // static
@@ -222,9 +225,14 @@ func (w *writerLimits) allow(sub string, now time.Time) (ok bool, retry time.Dur
 	if lim.AllowN(now, 1) {
 		return true, 0
 	}
-	missing := 1 - lim.TokensAt(now)
-	return false, time.Duration(missing / float64(w.limit) * float64(time.Second))
+	// In float seconds, capped: a rate of a token a century would
+	// overflow a Duration.
+	secs := min((1-lim.TokensAt(now))/float64(w.limit), maxRetryAfter.Seconds())
+	return false, time.Duration(secs * float64(time.Second))
 }
+
+// maxRetryAfter bounds the wait a refused write is told of.
+const maxRetryAfter = 24 * time.Hour
 
 // sweep forgets the subs whose bucket is full at now (they have not
 // written for a while: a new bucket would be the same) and returns how

@@ -79,3 +79,14 @@ func TestWriterLimits_SweepDropsFullBuckets(t *testing.T) {
 		t.Fatal("a frame rate that is off still made writer limits")
 	}
 }
+
+// TestWriterLimits_RetryAfterBounded: a rate so low that the wait for a
+// token would overflow a Duration is told a day.
+func TestWriterLimits_RetryAfterBounded(t *testing.T) {
+	w := newWriterLimits(1e-12, 1)
+	t0 := time.Unix(1000, 0)
+	w.allow("a", t0)
+	if ok, retry := w.allow("a", t0); ok || retry != maxRetryAfter {
+		t.Fatalf("allow = %v, %v; want false, %v", ok, retry, maxRetryAfter)
+	}
+}

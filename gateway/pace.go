@@ -17,8 +17,10 @@ import (
 // its last write before writing again, and the frames queued meanwhile go
 // out together. Only sessions a hold would batch are held (see
 // session.holdFor): not one whose frames come about a delay apart or
-// further, and one whose frames come fast waits only until a full batch
-// has come. A session whose queue fills up writes at once.
+// further; one whose frames come fast waits only until a full batch has
+// come, and one that gets only a few frames a delay at most a frame gap
+// and a quarter after its last write. A session whose queue fills up
+// writes at once.
 //
 // The node is busy when its own CPU use over the last tick exceeds
 // PaceCPU of its cores, or when it writes more than WriteBudget messages a

@@ -396,16 +396,18 @@ func TestSession_HoldsOnlyWhatBatches(t *testing.T) {
 
 // TestSession_OverloadHoldsFastSessionsWhole: while the node is overloaded
 // (the delay above MaxWriteDelay) a session whose frames come fast is held
-// for the whole delay, not only until a full batch has come: every
-// session's writes must thin out.
+// for the whole delay, not only until a full batch has come, and so is one
+// that gets a few frames a delay: every session's writes must thin out.
 func TestSession_OverloadHoldsFastSessionsWhole(t *testing.T) {
 	now := time.Unix(1000, 0)
 	var waits uint64 // every scheduling wait long: overloaded from the first ticks
 	srv := holdServer(t, now, func() (uint64, uint64) { waits += 1000; return waits, waits }, 75*time.Millisecond)
 	defer srv.Shutdown(context.Background())
 	s, _ := pooledSession(t, srv, "id")
-	s.lastCount, s.lastGap, s.lastWrite = 640, int64(20*time.Millisecond), now.UnixNano()-int64(5*time.Millisecond)
-	if got, want := s.holdFor(), 70*time.Millisecond; got != want {
-		t.Errorf("holdFor() = %v, want %v", got, want)
+	for _, count := range []int{640, 2} { // a fast session, and one that gets a few frames a delay
+		s.lastCount, s.lastGap, s.lastWrite = count, int64(20*time.Millisecond), now.UnixNano()-int64(5*time.Millisecond)
+		if got, want := s.holdFor(), 70*time.Millisecond; got != want {
+			t.Errorf("%d frames in 20 ms: holdFor() = %v, want %v", count, got, want)
+		}
 	}
 }

@@ -240,8 +240,10 @@ func (s *session) writeFailed(err error) {
 // against 3.9 (docs/benchmarks.md, "Hold only what batches"). A hold
 // ends one delay after the session's last write, or sooner: once a full
 // batch (holdFull frames) would have come, and, for a session that would
-// gather fewer than holdFew frames, a quarter gap after its next frame
-// would have come. A session
+// gather fewer than holdFew frames, a frame gap and a quarter after its
+// last write (both at its last batch's rate, which follows the holds:
+// such a session's writes alternate between short and full-delay holds,
+// and a frame waits at most about one of its gaps). A session
 // that has not written yet is not held, and one whose queue is an eighth
 // full writes at once: pacing must never be what makes a consumer slow.
 // Only the session's writer may call it.
@@ -259,8 +261,8 @@ func (s *session) holdFor() time.Duration {
 		// session's writes must thin out.
 		d = min(d, holdFull*s.lastGap/int64(s.lastCount))
 		if d*int64(s.lastCount) < holdFew*s.lastGap {
-			// One whose frames come only a few a delay waits for its
-			// next frame, not for the one after: on the benchmark
+			// One whose frames come only a few a delay waits about
+			// for its next frame, not for the one after: on the benchmark
 			// machine 1,000 subscribers getting a frame every 10 ms
 			// had a p99 of 18.1 ms against 22.2 when held the whole
 			// delay, for about 10% more server CPU per delivery
@@ -282,9 +284,8 @@ func (s *session) holdFor() time.Duration {
 // (docs/benchmarks.md, "Hold only what batches").
 const holdFull = 64
 
-// holdFew is the batch, in frames, below which a hold waits only for the
-// session's next frame: at most a quarter of its frame gap past the time
-// that frame is due (see holdFor).
+// holdFew is the batch, in frames, below which a hold lasts at most a
+// frame gap and a quarter after the session's last write (see holdFor).
 const holdFew = 4
 
 // holdMinNum/holdMinDen is the batch, in frames, that a hold must be

@@ -304,7 +304,7 @@ var settings = []setting{
 			c.Gateway.FrameRate = f
 			return nil
 		}},
-	{"frame-burst", "SYNCGATE_FRAME_BURST", "auto", "size of a session's frame token bucket (auto: twice frame-rate)",
+	{"frame-burst", "SYNCGATE_FRAME_BURST", "auto", "size of a session's frame token bucket, and with token keys of each token sub's HTTP stream write bucket (auto: twice frame-rate)",
 		func(c *config, v string) error {
 			if v == "auto" {
 				c.Gateway.FrameBurst = 0
