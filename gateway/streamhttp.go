@@ -199,8 +199,8 @@ func (s *Server) authorizeStream(h http.Header, r *http.Request, name string) (*
 
 // limitWrite takes a token from the writer limit of id's sub for a write
 // (PUT, POST, DELETE); over the limit it returns a 429 and sets
-// Retry-After in h (see writerLimits). Without a token, reads and other
-// methods pass.
+// Retry-After in h (see writerLimits). Requests without a token, reads
+// and other methods pass.
 func (s *Server) limitWrite(h http.Header, r *http.Request, id *auth.Identity) *requestError {
 	if id == nil || s.httpWriters == nil {
 		return nil
@@ -218,8 +218,8 @@ func (s *Server) limitWrite(h http.Header, r *http.Request, id *auth.Identity) *
 	secs := max(1, int(math.Ceil(retry.Seconds())))
 	h.Set("Retry-After", strconv.Itoa(secs))
 	return &requestError{http.StatusTooManyRequests, fmt.Sprintf(
-		"too many writes for this token's sub: at most %g a second (bursts of %d) across its requests; retry after %d s",
-		float64(s.httpWriters.limit), s.httpWriters.burst, secs)}
+		"too many writes for this token's sub: at most %s a second (bursts of %d) across its requests; retry after %d s",
+		formatRate(float64(s.httpWriters.limit)), s.httpWriters.burst, secs)}
 }
 
 // checkRecordActors refuses, for a request that came with a token (id not
