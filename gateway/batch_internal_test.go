@@ -121,3 +121,42 @@ func TestSendQueue_Bounds(t *testing.T) {
 	}
 	wg.Add(-2) // the two writers this test claimed and never ran
 }
+
+// TestSendQueue_ReleaseKeepsArrays: a pool worker that stops a session
+// whose queue array is too big to keep idle takes that array as its spare
+// and leaves the session the small one it wrote from (cleared), so neither
+// array is dropped; a session with a small array keeps its own. A session
+// with more queued is not stopped and the worker keeps what it wrote.
+func TestSendQueue_ReleaseKeepsArrays(t *testing.T) {
+	var wg sync.WaitGroup
+	it := outItem{body: []byte("x"), at: 1}
+	for _, tc := range []struct {
+		name               string
+		own, written       int // capacities
+		queued             bool
+		stopped            bool
+		wantOwn, wantSpare int // capacities after
+	}{
+		{"big own, small written: swapped", 16, 2, false, true, 2, 16},
+		{"small own: kept", 4, 2, false, true, 4, 2},
+		{"both big: own dropped", 16, 8, false, true, 0, 8},
+		{"more queued: not stopped", 16, 2, true, false, 16, 2},
+	} {
+		q := sendQueue{writers: &wg, writing: true, items: make([]outItem, 0, tc.own)}
+		if tc.queued {
+			q.items = append(q.items, it)
+		}
+		written := append(make([]outItem, 0, tc.written), it)
+		stopped, spare := q.release(written)
+		if stopped != tc.stopped || cap(q.items) != tc.wantOwn || cap(spare) != tc.wantSpare {
+			t.Errorf("%s: stopped %v, session's cap %d, spare's cap %d; want %v, %d, %d",
+				tc.name, stopped, cap(q.items), cap(spare), tc.stopped, tc.wantOwn, tc.wantSpare)
+		}
+		if stopped && q.writing {
+			t.Errorf("%s: stopped but still writing", tc.name)
+		}
+		if kept := q.items[:cap(q.items)]; cap(q.items) > 0 && kept[0].at != 0 && !tc.queued {
+			t.Errorf("%s: the session kept a written frame in its array", tc.name)
+		}
+	}
+}

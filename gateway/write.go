@@ -105,16 +105,30 @@ func (q *sendQueue) next(spare []outItem) (items []outItem, ping bool, reason cl
 }
 
 // release marks the writer stopped if there is nothing for it to do, and
-// reports whether it did. A pool worker calls it after a write: a session
-// with more queued goes back in line instead.
-func (q *sendQueue) release() bool {
+// reports whether it did. A pool worker calls it after a write, with
+// written, the array it wrote from: a session with more queued goes back
+// in line instead. It returns the array the worker keeps for its next
+// session's queue (see next): written, or, when the session is stopped
+// holding an array too big to keep idle (the spare an earlier turn gave
+// it), that one, the session keeping written instead if that is small.
+// Before, such an array was dropped and the session's next frame
+// allocated another: about a sixth of the bytes allocated over the
+// topics benchmark.
+func (q *sendQueue) release(written []outItem) (stopped bool, spare []outItem) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if len(q.items) > 0 || q.pingDue || q.reason != reasonNone {
-		return false
+		return false, written
+	}
+	own := q.items // empty, and cleared when the writer installed it (next)
+	if cap(own) > keptQueueCap && cap(written) > 0 && cap(written) <= keptQueueCap {
+		clear(written)
+		q.items = written[:0]
+		q.writing = false
+		return true, own
 	}
 	q.stopWriterLocked(nil)
-	return true
+	return true, written
 }
 
 // stopWriterLocked marks the writer stopped. An idle session keeps a small
@@ -376,21 +390,24 @@ func (s *session) writeTurn(spare []outItem, due bool) []outItem {
 		}()
 		return nil
 	}
-	switch left := s.holdFor(); {
-	case left > 0 && !s.closing.Load():
+	spare = items // the array given to next now belongs to s
+	if left := s.holdFor(); left > 0 && !s.closing.Load() {
 		// Paced: hold it now, as writeLoop waits, rather than let it go
 		// and come back with every frame: the session keeps its queue
 		// array instead of growing a new one each round.
 		pool.hold(s, left)
-	case s.q.release():
-		s.writers.Done()
-	default:
-		pool.add(s)
+	} else {
+		var stopped bool
+		if stopped, spare = s.q.release(items); stopped {
+			s.writers.Done()
+		} else {
+			pool.add(s)
+		}
 	}
-	if cap(items) > 1024 {
+	if cap(spare) > 1024 {
 		return nil // a burst has passed; let its memory go
 	}
-	return items
+	return spare
 }
 
 // ownWriter is the session's writer goroutine from first on, until its
