@@ -147,7 +147,11 @@ func TestSendQueue_ReleaseKeepsArrays(t *testing.T) {
 			q.items = append(q.items, it)
 		}
 		written := append(make([]outItem, 0, tc.written), it)
+		before := q.items[:1] // every case starts with an own array
 		stopped, spare := q.release(written)
+		if tc.name == "big own, small written: swapped" && (cap(spare) == 0 || &spare[:1][0] != &before[0] || len(spare) != 0) {
+			t.Errorf("%s: the spare is not the session's former, empty array", tc.name)
+		}
 		if stopped != tc.stopped || cap(q.items) != tc.wantOwn || cap(spare) != tc.wantSpare {
 			t.Errorf("%s: stopped %v, session's cap %d, spare's cap %d; want %v, %d, %d",
 				tc.name, stopped, cap(q.items), cap(spare), tc.stopped, tc.wantOwn, tc.wantSpare)

@@ -123,8 +123,8 @@ func (q *sendQueue) release(written []outItem) (stopped bool, spare []outItem) {
 	own := q.items // empty, and cleared when the writer installed it (next)
 	if cap(own) > keptQueueCap && cap(written) > 0 && cap(written) <= keptQueueCap {
 		clear(written)
-		q.items = written[:0]
-		q.writing = false
+		q.items = nil // so that stopWriterLocked takes written
+		q.stopWriterLocked(written)
 		return true, own
 	}
 	q.stopWriterLocked(nil)
