@@ -119,10 +119,8 @@ func (p *producer) run(epoch int64, f *frames.Mutate, reply func(outcome), exec 
 			fmt.Sprintf("send seq %d next: seqs count from 0 by 1 per mutate of this producer", p.next))})
 		return
 	}
-	var o outcome
-	if seq, ok := p.keys[f.Key]; ok {
-		o, _ = p.lookupLocked(seq) // the same mutation sent again under a new seq
-	} else {
+	o, repeat := p.repeatLocked(f.Key) // the same mutation sent again under a new seq
+	if !repeat {
 		var later <-chan outcome
 		o, later = exec()
 		if later != nil {
@@ -175,19 +173,32 @@ func (p *producer) lookupLocked(seq int64) (outcome, bool) {
 	return p.ring[i], true
 }
 
+// repeatLocked returns the recorded outcome of the mutate last sent under
+// key, if the ring still holds it.
+func (p *producer) repeatLocked(key string) (outcome, bool) {
+	seq, ok := p.keys[key]
+	if !ok {
+		return outcome{}, false
+	}
+	return p.lookupLocked(seq)
+}
+
+// recordLocked stores o in its seq's slot. The ring grows to that slot
+// when first reached: a client-named producer new to this node starts at
+// whatever seq its client presents, not at 0, so the slots do not fill in
+// order.
 func (p *producer) recordLocked(o outcome) {
 	i := int(o.seq % int64(p.window))
 	if p.keys == nil {
 		p.keys = map[string]int64{}
 	}
-	if i < len(p.ring) {
-		if old := p.ring[i]; p.keys[old.key] == old.seq {
-			delete(p.keys, old.key)
-		}
-		p.ring[i] = o
-	} else {
-		p.ring = append(p.ring, o)
+	if i >= len(p.ring) {
+		p.ring = append(p.ring, make([]outcome, i+1-len(p.ring))...)
 	}
+	if old := p.ring[i]; old.key != "" && p.keys[old.key] == old.seq {
+		delete(p.keys, old.key)
+	}
+	p.ring[i] = o
 	p.keys[o.key] = o.seq
 }
 

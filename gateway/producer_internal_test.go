@@ -88,3 +88,44 @@ func TestProducer_PendingBound(t *testing.T) {
 		t.Fatalf("pending acks %v", got)
 	}
 }
+
+// TestProducer_StartsMidSeq: a client-named producer new to this node
+// starts at the seq its client presents, and its outcomes are found again:
+// a retry of the seq and the same key under the next seq get the first
+// ack, without running the mutate again.
+func TestProducer_StartsMidSeq(t *testing.T) {
+	p := newProducer(0, 8)
+	p.clientID = "cli"
+	acks := make(chan outcome, 16)
+	reply := func(o outcome) { acks <- o }
+	runs := 0
+	exec := func(lsn string) func() (outcome, <-chan outcome) {
+		return func() (outcome, <-chan outcome) { runs++; return outcome{key: "k", lsn: lsn}, nil }
+	}
+	p.run(0, &frames.Mutate{Key: "k", Seq: 1003}, reply, exec("1"))
+	p.run(0, &frames.Mutate{Key: "k", Seq: 1003}, reply, exec("retry"))
+	p.run(0, &frames.Mutate{Key: "k", Seq: 1004}, reply, exec("repeat"))
+	p.run(0, &frames.Mutate{Key: "j", Seq: 1005}, reply, func() (outcome, <-chan outcome) { return outcome{key: "j", lsn: "2"}, nil })
+	for i, want := range []string{"1", "1", "1", "2"} {
+		if o := <-acks; o.err != nil || o.lsn != want {
+			t.Fatalf("ack %d = %+v (err %v), want lsn %s", i, o, o.err, want)
+		}
+	}
+	if runs != 1 {
+		t.Fatalf("mutate ran %d times, want once", runs)
+	}
+	// Past a full window the ring wraps onto the slots it grew.
+	for seq := int64(1006); seq < 1006+16; seq++ {
+		key := fmt.Sprint("w", seq)
+		p.run(0, &frames.Mutate{Key: key, Seq: seq}, reply, func() (outcome, <-chan outcome) { return outcome{key: key, lsn: key}, nil })
+		<-acks
+	}
+	p.run(0, &frames.Mutate{Key: "w1020", Seq: 1020}, reply, exec("again"))
+	if o := <-acks; o.lsn != "w1020" {
+		t.Fatalf("retry after wrapping = %+v", o)
+	}
+	p.run(0, &frames.Mutate{Key: "k", Seq: 1003}, reply, exec("old"))
+	if o := <-acks; o.err == nil || o.err.Code != frames.CodeSeqForgotten {
+		t.Fatalf("retry older than the window = %+v", o)
+	}
+}
