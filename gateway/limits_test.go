@@ -312,3 +312,40 @@ func TestLimits_BadOriginPatternFailsNew(t *testing.T) {
 		}
 	}
 }
+
+// Binary messages count against the frame rate: past the burst they are
+// dropped with X_RATE_LIMITED rather than each answered X_BAD_FRAME.
+func TestLimits_BinaryCountsAgainstFrameRate(t *testing.T) {
+	t.Parallel()
+	const burst = 5
+	srv := newTestServer(t, gateway.Config{FrameRate: 1, FrameBurst: burst, RateLimitClose: -1})
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0)
+	for range 4 * burst {
+		if err := c.C.Write(context.Background(), websocket.MessageBinary, []byte{0}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bad := 0
+	for {
+		ack := gwtest.Expect[*frames.Ack](c)
+		if ack.Error == nil {
+			t.Fatalf("ack without error: %+v", ack)
+		}
+		if ack.Error.Code == frames.CodeRateLimited {
+			break
+		}
+		if ack.Error.Code != frames.CodeBadFrame {
+			t.Fatalf("ack %+v", ack.Error)
+		}
+		if bad++; bad > burst { // the hello took a token; one may refill meanwhile
+			t.Fatalf("%d binary messages answered X_BAD_FRAME at a burst of %d", bad, burst)
+		}
+	}
+	if bad < burst-1 {
+		t.Fatalf("rate limited after %d binary messages, burst %d", bad, burst)
+	}
+	if n := metricValue(t, scrape(t, srv.ts.URL), "syncgate_frames_rate_limited_total"); n < 1 {
+		t.Fatalf("syncgate_frames_rate_limited_total = %v", n)
+	}
+}

@@ -209,8 +209,14 @@ func (s *session) readLoop() error {
 		s.lastRead.Store(s.srv.cfg.Now().UnixNano())
 		s.srv.metrics.bytesIn.Add(float64(len(msg)))
 		if typ != websocket.MessageText {
-			s.sendError(frames.NewError(frames.CodeBadFrame, "", "binary WebSocket message",
-				"send frames as JSON in text messages"))
+			// A binary message counts as one frame against the rate, as
+			// a bad text frame does.
+			if now := s.srv.cfg.Now(); !s.allowFrame(now) {
+				pause = s.rateLimited(nil, now)
+			} else {
+				s.sendError(frames.NewError(frames.CodeBadFrame, "", "binary WebSocket message",
+					"send frames as JSON in text messages"))
+			}
 		} else {
 			// Decoded frames do not point into msg, so the buffer is
 			// reused for the next message.
