@@ -104,29 +104,19 @@ func (s *session) publishPersisted(ctx context.Context, f *frames.Mutate, topic 
 		prod = &storage.Producer{ID: s.clientID, Epoch: s.epoch, Seq: f.Seq, AllowGap: true}
 	}
 	rec := appendRecord(make([]byte, 0, len(data)+len(f.Key)+64), f.Key, data, s.actorID(), srv.cfg.Now().UnixMilli())
-	req := storage.AppendRequest{Records: [][]byte{rec}, Producer: prod}
+	// A stream deleted over HTTP since ensureStream is made anew by the
+	// append itself, so the session's appends stay in submission order:
+	// a retry run after later seqs had landed would be taken for a
+	// duplicate (AllowGap) and acked without being written.
+	req := storage.AppendRequest{Records: [][]byte{rec}, Producer: prod, ContentType: "application/json", CreateMissing: true}
 	later := make(chan outcome, 1)
-	result := func(res storage.AppendResult, err error) outcome {
-		if err != nil {
-			return outcome{key: f.Key, err: s.logError(f.Key, "publish", topic, err)}
-		}
-		srv.metrics.publishes.Inc()
-		return outcome{key: f.Key, lsn: res.Offset}
-	}
 	srv.cfg.Log.AppendAsync(topic, req, func(res storage.AppendResult, err error) {
-		if !errors.Is(err, storage.ErrNotFound) {
-			later <- result(res, err)
+		if err != nil {
+			later <- outcome{key: f.Key, err: s.logError(f.Key, "publish", topic, err)}
 			return
 		}
-		// Deleted over HTTP since ensureStream: make it anew and append
-		// there, off the log's goroutine.
-		go func() {
-			srv.streams.Delete(topic)
-			if err = srv.ensureStream(s.ctx, topic); err == nil {
-				res, err = srv.cfg.Log.Append(s.ctx, topic, req)
-			}
-			later <- result(res, err)
-		}()
+		srv.metrics.publishes.Inc()
+		later <- outcome{key: f.Key, lsn: res.Offset}
 	})
 	return outcome{}, later
 }

@@ -495,6 +495,54 @@ func TestPersisted_PipelinedPublishes(t *testing.T) {
 	}
 }
 
+// A persisted topic's stream deleted while a client pipelines publishes
+// to it: the first append after the delete makes the stream anew, and
+// every publish acked after it is in the new log, in seq order. (Retries
+// that ran out of order used to be taken for duplicates of later seqs
+// and acked without being written.)
+func TestPersisted_PipelinedAcrossDelete(t *testing.T) {
+	t.Parallel()
+	n := startPersistNode(t, t.TempDir())
+	c := gwtest.Dial(t, n.url, nil)
+	c.Hello("pipe", 0)
+	if ack := c.Publish("k0", 0, "chat:del", `0`); ack.Error != nil {
+		t.Fatalf("first publish: %+v", ack.Error)
+	}
+	if err := n.db.Delete(context.Background(), "chat:del"); err != nil {
+		t.Fatal(err)
+	}
+	const total = 200
+	var msg strings.Builder
+	for i := 1; i <= total; i++ {
+		if i > 1 {
+			msg.WriteByte('\n')
+		}
+		fmt.Fprintf(&msg, `{"type":"mutate","v":1,"key":"k%d","seq":%d,"name":"publish","input":{"topic":"chat:del","data":%d}}`, i, i, i)
+	}
+	c.SendRaw(msg.String())
+	lsnOf := map[string]string{}
+	for len(lsnOf) < total {
+		ack := gwtest.Expect[*frames.Ack](c)
+		if ack.Error != nil || ack.LSN == nil {
+			t.Fatalf("ack %+v", ack)
+		}
+		lsnOf[ack.Ref] = *ack.LSN
+	}
+	res, err := n.db.Read(context.Background(), "chat:del", storage.ZeroOffset, 1<<20)
+	if err != nil || len(res.Records) != total {
+		t.Fatalf("new log holds %d records (%v), want the %d acked", len(res.Records), err, total)
+	}
+	for i, r := range res.Records {
+		var rec struct {
+			Key  string `json:"key"`
+			Data int    `json:"data"`
+		}
+		if err := json.Unmarshal(r.Data, &rec); err != nil || rec.Data != i+1 || lsnOf[rec.Key] != r.Offset {
+			t.Fatalf("record %d at %s: %s (%v), acked at %s", i, r.Offset, r.Data, err, lsnOf[rec.Key])
+		}
+	}
+}
+
 // gatedLog holds every WaitID (the tailer's) until open is closed: a tailer that lags the
 // log, as on a node whose tailer has not woken yet.
 type gatedLog struct {

@@ -154,6 +154,13 @@ type AppendRequest struct {
 
 	// Close closes the stream after Records, atomically with them.
 	Close bool
+
+	// CreateMissing creates the stream, with ContentType and no other
+	// options, when it does not exist (never created, deleted, or
+	// expired), in the same transaction as the append. Appends submitted
+	// in order then stay in order across a delete: none goes to a stream
+	// made by a retry that runs after later appends.
+	CreateMissing bool
 }
 
 // AppendResult is the outcome of an admitted or duplicate append.

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"time"
 
@@ -430,6 +431,15 @@ func (b *batch1) live(r *request) (*wstream, error) {
 func (b *batch1) applyAppend(r *request) error {
 	req := r.app
 	ws, err := b.live(r)
+	if ws == nil && err == nil && req.CreateMissing && errors.Is(r.err, ErrNotFound) {
+		cr := &request{op: opCreate, name: r.name, create: &CreateOptions{ContentType: req.ContentType}, created: &createOut{}}
+		if err := b.applyCreate(cr); err != nil {
+			return err
+		}
+		if r.err = cr.err; r.err == nil {
+			ws, err = b.live(r)
+		}
+	}
 	if ws == nil {
 		return err
 	}

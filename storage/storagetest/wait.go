@@ -27,6 +27,32 @@ var deleteTests = []test{
 		r := h.appendReq("s", storage.AppendRequest{Records: recs("1"), Producer: prod("p", 0, 0), StreamSeq: "a"})
 		eq(t, "fresh producer state", r.Duplicate, false)
 	}},
+	{"CreateMissing", func(t *testing.T, h *h) {
+		mk := func(seq int64, data string) storage.AppendRequest {
+			p := prod("p", 0, seq)
+			p.AllowGap = true
+			return storage.AppendRequest{Records: recs(data), ContentType: "application/json", Producer: p, CreateMissing: true}
+		}
+		h.appendReq("s", mk(3, "1"))
+		eq(t, "made by the append", h.head("s").ContentType, "application/json")
+		h.appendReq("s", mk(4, "2"))
+		eq(t, "appended to", h.content("s"), "12")
+		if err := h.l.Delete(h.ctx, "s"); err != nil {
+			t.Fatal(err)
+		}
+		r := h.appendReq("s", mk(5, "3"))
+		eq(t, "after delete: duplicate", r.Duplicate, false)
+		eq(t, "after delete: a fresh stream", h.content("s"), "3")
+		// An existing stream is used as it is, never made anew.
+		h.create("t", storage.CreateOptions{ContentType: "text/plain"})
+		_, err := h.l.Append(h.ctx, "t", mk(0, "4"))
+		isErr(t, "other content type", err, storage.ErrContentType)
+		h.create("u", storage.CreateOptions{ContentType: "application/json", Closed: true})
+		_, err = h.l.Append(h.ctx, "u", mk(0, "5"))
+		closedErr(t, "closed stream", err)
+		_, err = h.l.Append(h.ctx, "v", storage.AppendRequest{Records: recs("6")})
+		isErr(t, "missing, without CreateMissing", err, storage.ErrNotFound)
+	}},
 	{"Closed", func(t *testing.T, h *h) {
 		h.create("s", storage.CreateOptions{Closed: true})
 		if err := h.l.Delete(h.ctx, "s"); err != nil {
