@@ -401,3 +401,40 @@ func FuzzHelloToken(f *testing.F) {
 		}
 	})
 }
+
+// A producer is named by (actor, clientId): another actor naming the same
+// clientId gets a producer of its own and can neither fence the first
+// (X_EPOCH_FENCED) nor take up its seqs; the same actor's newer epoch
+// still fences it.
+func TestAuth_ProducerIsPerActor(t *testing.T) {
+	t.Parallel()
+	a := newAuthServer(t, gateway.Config{}, nil, auth.Config{})
+	dial := func(sub string, epoch int64) *gwtest.Conn {
+		c := gwtest.Dial(t, a.url, nil)
+		c.Send(&frames.Hello{Resume: []frames.Cursor{}, ClientID: "app", Epoch: epoch,
+			Token: sign(t, jwt.SigningMethodHS256, testSecret, a.claims(sub, time.Hour, all))})
+		if _, ok := c.Next().(*frames.Hello); !ok {
+			t.Fatalf("hello of %s refused", sub)
+		}
+		return c
+	}
+	alice := dial("alice", 0)
+	if ack := alice.Publish("a0", 0, "room:1", `1`); ack.Error != nil {
+		t.Fatalf("alice seq 0: %+v", ack.Error)
+	}
+	mallory := dial("mallory", 1)
+	if ack := mallory.Publish("a1", 0, "room:1", `2`); ack.Error != nil {
+		t.Fatalf("mallory seq 0: %+v", ack.Error)
+	}
+	ack := alice.Publish("a1", 1, "room:1", `3`)
+	if ack.Error != nil || ack.LSN == nil {
+		t.Fatalf("alice seq 1 after another actor used her clientId: %+v", ack.Error)
+	}
+	alice2 := dial("alice", 1)
+	if ack := alice2.Publish("b0", 0, "room:1", `4`); ack.Error != nil {
+		t.Fatalf("alice's newer epoch: %+v", ack.Error)
+	}
+	if ack := alice.Publish("a2", 2, "room:1", `5`); ack.Error == nil || ack.Error.Code != frames.CodeEpochFenced {
+		t.Fatalf("alice's older epoch after her newer one: %+v, want X_EPOCH_FENCED", ack)
+	}
+}

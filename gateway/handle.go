@@ -133,7 +133,8 @@ func (s *session) handleFrameHello(f *frames.Hello) {
 	s.setAuth(st)
 	s.clientID, s.epoch = f.ClientID, f.Epoch
 	if f.ClientID != "" {
-		s.prod = s.srv.producers.acquire(f.ClientID, f.Epoch)
+		s.prodName = producerName(st.actorID, f.ClientID)
+		s.prod = s.srv.producers.acquire(s.prodName, f.Epoch)
 	} // else the session is its own producer, made at its first mutate
 	s.helloDone.Store(true)
 	s.helloTimer.Stop()

@@ -101,7 +101,7 @@ func (s *session) publishPersisted(ctx context.Context, f *frames.Mutate, topic 
 	if s.clientID != "" {
 		// One client's seqs span every topic: in one topic's log they
 		// only increase (AllowGap).
-		prod = &storage.Producer{ID: s.clientID, Epoch: s.epoch, Seq: f.Seq, AllowGap: true}
+		prod = &storage.Producer{ID: s.prodName, Epoch: s.epoch, Seq: f.Seq, AllowGap: true}
 	}
 	rec := appendRecord(make([]byte, 0, len(data)+len(f.Key)+64), f.Key, data, s.actorID(), srv.cfg.Now().UnixMilli())
 	// A stream deleted over HTTP since ensureStream is made anew by the

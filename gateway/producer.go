@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -200,6 +201,18 @@ func (p *producer) recordLocked(o outcome) {
 	}
 	p.ring[i] = o
 	p.keys[o.key] = o.seq
+}
+
+// producerName names the producer of a client: its clientID, within its
+// actor's names when the session has one (a token's sub). Another actor
+// naming the same clientID gets another producer, so it cannot fence this
+// one or take up its seqs. The length prefix keeps (actor, clientID)
+// pairs apart whatever bytes they hold.
+func producerName(actorID *string, clientID string) string {
+	if actorID == nil {
+		return clientID
+	}
+	return strconv.Itoa(len(*actorID)) + ":" + *actorID + ":" + clientID
 }
 
 // producers is the node's table of client-named producers. It holds at

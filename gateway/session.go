@@ -34,6 +34,7 @@ type session struct {
 	helloDone  atomic.Bool
 	helloTimer *time.Timer
 	clientID   string
+	prodName   string // producerName of the session's actor and clientID, "" without one
 	epoch      int64
 	prod       *producer
 
