@@ -62,6 +62,10 @@ func TestGateway_MalformedFrames(t *testing.T) {
 		{"server-only patch", `{"type":"patch","v":1,"sid":"x","patches":[],"lsn":""}`, frames.CodeUnexpectedFrame, ""},
 		{"presence join without a member", `{"type":"presence","v":1,"topic":"room","op":"join","members":[]}`, frames.CodeBadField, "presence:room"},
 		{"presence bad op", `{"type":"presence","v":1,"topic":"room","op":"dance","members":[]}`, frames.CodeBadField, "presence:room"},
+		// Refs over their length limit are not echoed, whatever the error.
+		{"long sid, no target", `{"type":"subscribe","v":1,"op":"add","sid":"` + strings.Repeat("s", 1000) + `"}`, frames.CodeMissingField, ""},
+		{"long key, bad seq", `{"type":"mutate","v":1,"key":"` + strings.Repeat("k", 1000) + `","seq":"0","name":"publish","input":{}}`, frames.CodeBadField, ""},
+		{"long presence topic, bad op", `{"type":"presence","v":1,"topic":"` + strings.Repeat("r", 1000) + `","op":"dance","members":[]}`, frames.CodeBadField, ""},
 	}
 	for _, tc := range cases {
 		c.SendRaw(tc.frame)

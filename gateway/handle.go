@@ -75,11 +75,7 @@ func checkLengths(f frames.Frame) *frames.Error {
 	if n <= maxIDLen {
 		return nil
 	}
-	ref := refOf(f)
-	if len(ref) > maxIDLen {
-		ref = "" // not a ref the client can match, and not one to echo
-	}
-	return frames.NewError(frames.CodeBadField, ref, fmt.Sprintf("%s: %d bytes, over the limit of %d", field, n, maxIDLen),
+	return frames.NewError(frames.CodeBadField, refOf(f), fmt.Sprintf("%s: %d bytes, over the limit of %d", field, n, maxIDLen),
 		"use identifiers of at most 256 bytes, e.g. a UUID or a counter")
 }
 
@@ -91,7 +87,7 @@ func refOf(f frames.Frame) string {
 	case *frames.Mutate:
 		return f.Key
 	case *frames.Presence:
-		return "presence:" + f.Topic
+		return presenceRefPrefix + f.Topic
 	}
 	return ""
 }

@@ -343,11 +343,8 @@ func (s *session) subscribedTo(topic string) bool {
 // with an ack (ref "presence:<topic>") or a typed error; a join's ack is
 // followed by the topic's sync.
 func (s *session) handleFramePresence(ctx context.Context, f *frames.Presence) {
-	ref := "presence:" + f.Topic
+	ref := presenceRefPrefix + f.Topic
 	if err := validTopic(f.Topic); err != nil {
-		if len(f.Topic) > maxTopicLen {
-			ref = "" // not a ref to echo
-		}
 		s.sendError(frames.NewError(frames.CodeBadTopic, ref, "presence.topic: "+err.Error(), topicFix))
 		return
 	}

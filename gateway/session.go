@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -378,5 +379,22 @@ func (s *session) sendAck(ref string, lsn *string) {
 // sendError queues an error ack; the error's Ref says which frame it answers.
 func (s *session) sendError(e *frames.Error) {
 	s.srv.metrics.errorsByCode.WithLabelValues(string(e.Code)).Inc()
-	s.send(&frames.Ack{Ref: e.Ref, Error: e.Body()})
+	s.send(&frames.Ack{Ref: echoRef(e.Ref), Error: e.Body()})
 }
+
+// echoRef returns ref, or "" when it is longer than any ref the server
+// takes (a sid or key over maxIDLen, a presence topic over maxTopicLen):
+// such a ref is not one the client can match, and not one to echo.
+func echoRef(ref string) string {
+	limit := maxIDLen
+	if strings.HasPrefix(ref, presenceRefPrefix) {
+		limit = len(presenceRefPrefix) + maxTopicLen
+	}
+	if len(ref) > limit {
+		return ""
+	}
+	return ref
+}
+
+// presenceRefPrefix starts the ack ref of a presence frame.
+const presenceRefPrefix = "presence:"
