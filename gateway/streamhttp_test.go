@@ -615,6 +615,17 @@ func TestStreamHTTP_TooLarge(t *testing.T) {
 	s.do(t, "PUT", "/v1/stream/big", hdr("Content-Type", "text/plain"), "").want(t, 201)
 	s.do(t, "POST", "/v1/stream/big", hdr("Content-Type", "text/plain"), strings.Repeat("x", 1025)).want(t, 413)
 	s.do(t, "POST", "/v1/stream/big", hdr("Content-Type", "text/plain"), strings.Repeat("x", 1024)).want(t, 204)
+
+	// A JSON append is bounded in messages too: each costs the log more
+	// than its bytes. 65,537 one-byte messages are a 413 that names the
+	// bound, and nothing is written.
+	j := newStreamServer(t, gateway.Config{})
+	j.do(t, "PUT", "/v1/stream/j", hdr("Content-Type", "application/json"), "").want(t, 201)
+	r := j.do(t, "POST", "/v1/stream/j", hdr("Content-Type", "application/json"), "["+strings.Repeat("0,", 1<<16)+"0]")
+	if r.status != 413 || !strings.Contains(r.body, "65536 messages") {
+		t.Fatalf("too many messages: %d %q", r.status, r.body)
+	}
+	j.do(t, "GET", "/v1/stream/j?offset=-1", nil, "").want(t, 200).wantBody(t, "[]")
 }
 
 // TestStreamHTTP_BadInput sends malformed requests: each must get a 4xx

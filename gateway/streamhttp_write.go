@@ -386,28 +386,74 @@ func splitRecords(ct string, body []byte, put bool) ([][]byte, error) {
 	if len(body) == 0 && put {
 		return nil, nil
 	}
-	var v json.RawMessage
-	if err := json.Unmarshal(body, &v); err != nil {
+	if !json.Valid(body) {
+		var v json.RawMessage
+		err := json.Unmarshal(body, &v) // for its message
 		return nil, badRequest("the body is not valid JSON (%v): a JSON stream takes one JSON value, an array of messages or a single message", err)
 	}
 	if !utf8.Valid(body) {
 		return nil, badRequest("the JSON body is not valid UTF-8")
 	}
-	msgs := []json.RawMessage{v}
-	if bytes.HasPrefix(v, []byte("[")) { // Unmarshal trimmed the whitespace.
-		msgs = nil
-		_ = json.Unmarshal(v, &msgs) // valid JSON, and an array
-		if len(msgs) == 0 && !put {
-			return nil, badRequest("empty JSON array: an append needs at least one message")
-		}
+	// One compacted copy of the body, whose messages are subslices: no
+	// allocation per message.
+	var b bytes.Buffer
+	b.Grow(len(body))
+	_ = json.Compact(&b, body) // valid JSON
+	v := b.Bytes()
+	if v[0] != '[' {
+		return [][]byte{v}, nil
 	}
-	recs := make([][]byte, len(msgs))
-	for i, m := range msgs {
-		var b bytes.Buffer
-		_ = json.Compact(&b, m) // valid JSON
-		recs[i] = b.Bytes()
+	recs, ok := splitArray(v, maxAppendMessages)
+	switch {
+	case !ok:
+		return nil, &requestError{http.StatusRequestEntityTooLarge,
+			fmt.Sprintf("the JSON array holds more than %d messages: split it into smaller appends", maxAppendMessages)}
+	case len(recs) == 0 && !put:
+		return nil, badRequest("empty JSON array: an append needs at least one message")
 	}
 	return recs, nil
+}
+
+// maxAppendMessages bounds the messages of one JSON append. Each costs
+// the log a key, an offset and bookkeeping whatever its size, so a body
+// of tiny messages (an 8 MiB "[0,0,...]" is 4 million) would cost far
+// more memory and commit time than its bytes suggest.
+const maxAppendMessages = 1 << 16
+
+// splitArray returns the elements of the compacted JSON array arr as
+// subslices of it, or ok false if there are more than max.
+func splitArray(arr []byte, max int) (elems [][]byte, ok bool) {
+	depth, inString, escaped := 0, false, false
+	start := 1
+	for i := 1; i < len(arr); i++ {
+		c := arr[i]
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '[' || c == '{':
+			depth++
+		case depth > 0 && (c == ']' || c == '}'):
+			depth--
+		case depth == 0 && (c == ',' || c == ']'): // the end of an element
+			if i > start {
+				if len(elems) == max {
+					return nil, false
+				}
+				elems = append(elems, arr[start:i:i])
+			}
+			start = i + 1
+		}
+	}
+	return elems, true
 }
 
 // serveDelete answers DELETE: 204, and the stream is gone (a stream with

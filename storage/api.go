@@ -285,3 +285,10 @@ func (e *PrunedError) Unwrap() error { return ErrGone }
 type ClosedError struct{ Tail string }
 
 func (e *ClosedError) Error() string { return "storage: stream is closed at " + e.Tail }
+
+// ReadRecordCost is what a record costs a read page beyond its data: its
+// [Record], its offset string and their share of the page's bookkeeping.
+// Counted against Read's maxBytes, it bounds a page of tiny records (a
+// 1 MiB page of one-byte JSON messages would otherwise be a million
+// Records).
+const ReadRecordCost = 64

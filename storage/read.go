@@ -145,7 +145,8 @@ func (db *DB) begin(ctx context.Context, name string) error {
 // Read returns the records of stream name after offset after
 // ([ZeroOffset] reads from the start): at least one record when there is
 // any, then whole records while their total stays within maxBytes
-// (maxBytes <= 0 means 1 MiB). It renews a sliding TTL, also when nothing
+// (maxBytes <= 0 means 1 MiB), each counted as its length plus
+// ReadRecordCost. It renews a sliding TTL, also when nothing
 // is returned; the renewal is kept in memory and persisted with the next
 // write or maintenance pass, so a crash may lose up to one maintenance
 // interval of renewal.
@@ -194,15 +195,17 @@ func (db *DB) Read(ctx context.Context, name, after string, maxBytes int) (ReadR
 			posBuf [16]uint64
 		)
 		recs, poss := recBuf[:0], posBuf[:0]
-		total := 0
+		total, budget := 0, 0
 		err = scan(tx, segs, pos, func(p uint64, v []byte) bool {
 			data, start, _ := recordData(v)
-			if len(recs) > 0 && total+len(data) > maxBytes {
+			cost := len(data) + ReadRecordCost
+			if len(recs) > 0 && budget+cost > maxBytes {
 				return false
 			}
 			recs = append(recs, Record{Data: data, Start: start})
 			poss = append(poss, p)
 			total += len(data)
+			budget += cost
 			return true
 		})
 		if pe, ok := err.(*PrunedError); ok {

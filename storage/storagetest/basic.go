@@ -242,7 +242,8 @@ var appendReadTests = []test{
 		h.create("s", storage.CreateOptions{})
 		h.append("s", strings.Repeat("a", 100), strings.Repeat("b", 100), strings.Repeat("c", 100))
 		h.append("s", strings.Repeat("d", 500))
-		res, err := h.l.Read(h.ctx, "s", storage.ZeroOffset, 250)
+		// Each record costs its length and ReadRecordCost: two fit, three do not.
+		res, err := h.l.Read(h.ctx, "s", storage.ZeroOffset, 3*(100+storage.ReadRecordCost)-1)
 		if err != nil {
 			t.Fatal(err)
 		}
