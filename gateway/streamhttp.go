@@ -243,7 +243,7 @@ func checkRecordActors(records [][]byte, id *auth.Identity) *requestError {
 
 // streamName returns the stream named by an escaped request path (or a
 // Stream-Forked-From path): everything after /v1/stream/, unescaped once,
-// so a name may contain '/' and an escaped "%2F" stays distinct from it.
+// so a name may contain '/' (and "%2F" is one too).
 func streamName(escapedPath string) (string, error) {
 	rest, ok := strings.CutPrefix(escapedPath, streamPrefix)
 	if !ok {

@@ -9,7 +9,7 @@
 #   SYNCGATE_BIN                     use this binary instead of building one
 #   CONFORMANCE_LONG_POLL_TIMEOUT_MS the server's long-poll timeout (500)
 #
-# Needs go, node (20+) and npm; runs `npm ci` when conformance/node_modules
+# Needs go, node (20.19+, 22.12+ or 23+) and npm; runs `npm ci` when conformance/node_modules
 # is missing.
 set -euo pipefail
 
