@@ -10,6 +10,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
 	"net/http"
@@ -260,8 +261,18 @@ func (s *Server) serveLongPoll(w http.ResponseWriter, r *http.Request, name stri
 	defer cancel()
 
 	h := w.Header()
+	var id uint64 // the stream the first read found
 	for {
 		res, err := s.cfg.Log.Read(r.Context(), name, q.after, maxReadChunk)
+		switch {
+		case err != nil:
+		case id == 0:
+			id = res.ID
+		case res.ID != id:
+			// Deleted and made anew while this request waited: the
+			// offset belongs to the stream that is gone.
+			err = fmt.Errorf("%w: %q was deleted during the long-poll", storage.ErrNotFound, name)
+		}
 		if err != nil {
 			s.fail(w, r, err)
 			return
@@ -276,7 +287,7 @@ func (s *Server) serveLongPoll(w http.ResponseWriter, r *http.Request, name stri
 			writePage(w, http.StatusNoContent, res, nil)
 			return
 		}
-		err = s.cfg.Log.Wait(waitCtx, name, q.after)
+		err = s.cfg.Log.WaitID(waitCtx, name, q.after, id)
 		switch {
 		case r.Context().Err() != nil:
 			return // the client left
@@ -460,7 +471,7 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, name string, q
 		for res.UpToDate {
 			// Caught up: wait for more, with a keep-alive when idle.
 			waitCtx, stop := context.WithTimeout(life, s.cfg.LongPollTimeout)
-			err := s.cfg.Log.Wait(waitCtx, name, q.after)
+			err := s.cfg.Log.WaitID(waitCtx, name, q.after, res.ID)
 			idle := waitCtx.Err() != nil
 			stop()
 			switch {
@@ -474,14 +485,15 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, name string, q
 				}
 				continue
 			case err != nil:
-				// Deleted or expired: end the response; the client's
-				// reconnect gets the status.
+				// Deleted or expired (or made anew): end the response;
+				// the client's reconnect gets the status.
 				return
 			}
 			break
 		}
-		if res, err = s.cfg.Log.Read(life, name, q.after, maxReadChunk); err != nil {
-			return
+		id := res.ID
+		if res, err = s.cfg.Log.Read(life, name, q.after, maxReadChunk); err != nil || res.ID != id {
+			return // never another incarnation's records in one response
 		}
 	}
 }

@@ -890,3 +890,78 @@ func TestStreamHTTP_NamesAreNotCleaned(t *testing.T) {
 		s.do(t, "GET", "/v1/stream/"+tc.cleaned, nil, "").want(t, 404)
 	}
 }
+
+// remakeOnWait is a log whose first live wait deletes the stream, makes it
+// anew and appends to it: the deletion lands while a live read waits.
+type remakeOnWait struct {
+	*storage.DB
+	once sync.Once
+}
+
+func (l *remakeOnWait) remake() {
+	l.once.Do(func() {
+		ctx := context.Background()
+		_ = l.DB.Delete(ctx, "s")
+		_, _, _ = l.DB.Create(ctx, "s", storage.CreateOptions{ContentType: "text/plain"})
+		_, _ = l.DB.Append(ctx, "s", storage.AppendRequest{Records: [][]byte{[]byte("NEW1"), []byte("NEW2"), []byte("NEW3")}})
+	})
+}
+
+func (l *remakeOnWait) Wait(ctx context.Context, name, after string) error {
+	l.remake()
+	return l.DB.Wait(ctx, name, after)
+}
+
+func (l *remakeOnWait) WaitID(ctx context.Context, name, after string, id uint64) error {
+	l.remake()
+	return l.DB.WaitID(ctx, name, after, id)
+}
+
+// A live read never serves another incarnation's records from its offset:
+// a stream deleted and made anew while a long-poll waits is a 404, and an
+// SSE response ends without the new stream's records.
+func TestStreamHTTP_LiveReadAcrossRemake(t *testing.T) {
+	t.Parallel()
+	for _, live := range []string{"long-poll", "sse"} {
+		t.Run(live, func(t *testing.T) {
+			db, err := storage.Open(filepath.Join(t.TempDir(), "streams.db"), &storage.Options{NoSync: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = db.Close() })
+			ctx := context.Background()
+			if _, _, err := db.Create(ctx, "s", storage.CreateOptions{ContentType: "text/plain", Records: [][]byte{[]byte("OLD")}}); err != nil {
+				t.Fatal(err)
+			}
+			gw, err := gateway.New(gateway.Config{Log: &remakeOnWait{DB: db}, LongPollTimeout: 5 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ts := httptest.NewServer(gw.Handler())
+			t.Cleanup(func() {
+				sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				_ = gw.Shutdown(sctx)
+				ts.Close()
+			})
+			rctx, cancel := context.WithTimeout(ctx, 4*time.Second)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(rctx, "GET", ts.URL+"/v1/stream/s?offset="+storage.FormatOffset(1)+"&live="+live, nil)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body) // SSE: read until the server ends it
+			resp.Body.Close()
+			if rctx.Err() != nil {
+				t.Fatalf("the response did not end when the stream was made anew (%q)", body)
+			}
+			if strings.Contains(string(body), "NEW") {
+				t.Fatalf("%d %q: served the new stream's records from the old stream's offset", resp.StatusCode, body)
+			}
+			if live == "long-poll" && resp.StatusCode != 404 {
+				t.Fatalf("long-poll across a remake: %d %q, want 404", resp.StatusCode, body)
+			}
+		})
+	}
+}
