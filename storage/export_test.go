@@ -55,3 +55,15 @@ func (db *DB) WatchesForTest() int {
 	defer db.mu.Unlock()
 	return len(db.waiters)
 }
+
+// CachedProducersForTest returns how many producer states the writer
+// caches for stream name. Call it only on the writer's goroutine: from a
+// commit hook.
+func (db *DB) CachedProducersForTest(name string) int {
+	for _, ws := range db.wcache {
+		if ws.m.Name == name {
+			return len(ws.prods)
+		}
+	}
+	return 0
+}

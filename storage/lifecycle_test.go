@@ -698,3 +698,45 @@ func TestDB_AppendAsync(t *testing.T) {
 	db.AppendAsync("s", storage.AppendRequest{Records: rec("x")}, func(_ storage.AppendResult, err error) { got = err })
 	wantErr(t, "after Close", got, storage.ErrClosedDB)
 }
+
+// The writer's producer cache per stream is bounded: thousands of
+// distinct Producer-Ids do not all stay in memory, and a producer whose
+// state was dropped from it still gets its duplicate from the file.
+func TestDB_ProducerCacheBounded(t *testing.T) {
+	var self atomic.Pointer[storage.DB]
+	var most atomic.Int64 // written on the writer's goroutine
+	o := &storage.Options{NoSync: true}
+	storage.SetCommitHookForTest(o, func() error {
+		if db := self.Load(); db != nil {
+			if n := int64(db.CachedProducersForTest("s")); n > most.Load() {
+				most.Store(n)
+			}
+		}
+		return nil
+	})
+	db := openDB(t, o)
+	self.Store(db)
+	mustCreate(t, db, "s", storage.CreateOptions{})
+	first := mustAppend(t, db, "s", storage.AppendRequest{Records: rec("x"), Producer: &storage.Producer{ID: "p0"}})
+	const producers = 3000
+	var wg sync.WaitGroup
+	for i := 1; i < producers; i++ {
+		wg.Add(1)
+		db.AppendAsync("s", storage.AppendRequest{Records: rec("x"), Producer: &storage.Producer{ID: fmt.Sprint("p", i)}},
+			func(_ storage.AppendResult, err error) {
+				if err != nil {
+					t.Error(err)
+				}
+				wg.Done()
+			})
+	}
+	wg.Wait()
+	mustAppend(t, db, "s", storage.AppendRequest{Records: rec("y")}) // one more commit, for the hook
+	if n := most.Load(); n > 1024+producers/4 || n == 0 {
+		t.Fatalf("the writer cached up to %d producer states of %d", n, producers)
+	}
+	res, err := db.Append(t.Context(), "s", storage.AppendRequest{Records: rec("x"), Producer: &storage.Producer{ID: "p0"}})
+	if err != nil || !res.Duplicate || res.Offset != first.Offset {
+		t.Fatalf("retry of p0 after its state left the cache: %+v, %v; want a duplicate at %s", res, err, first.Offset)
+	}
+}

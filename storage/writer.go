@@ -256,16 +256,28 @@ func (b *batch1) use(ws *wstream) *wstream {
 	return ws
 }
 
-// endTx resets the per-transaction state of the cached streams.
+// endTx resets the per-transaction state of the cached streams. A
+// stream's producer cache over maxCachedProducers is dropped whole (the
+// file has every state): each distinct Producer-Id would otherwise stay
+// in memory until ProducerTTL, and every commit that touches the stream
+// walks the map.
 func (b *batch1) endTx() {
 	for _, ws := range b.touched {
 		ws.inTx, ws.dirty, ws.rec = false, false, nil
+		if len(ws.prods) > maxCachedProducers {
+			ws.prods = nil
+			continue
+		}
 		for _, pe := range ws.prods {
 			pe.dirty = false
 		}
 	}
 	b.touched = b.touched[:0]
 }
+
+// maxCachedProducers bounds the producer states the writer keeps in
+// memory per stream between commits.
+const maxCachedProducers = 1024
 
 // alloc returns n bytes that stay valid for the transaction (bbolt keeps
 // references to put keys and values until commit).
