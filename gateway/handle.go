@@ -265,7 +265,9 @@ func (s *session) handleFrameMutate(ctx context.Context, f *frames.Mutate) {
 	if s.prod == nil {
 		s.prod = newProducer(s.epoch, s.srv.cfg.ProducerWindow)
 	}
-	s.prod.run(s.epoch, f, s.sendOutcome, func() (outcome, <-chan outcome) {
+	fresh := !s.prodUsed
+	s.prodUsed = true
+	s.prod.run(s.epoch, fresh, f, s.sendOutcome, func() (outcome, <-chan outcome) {
 		return s.mutate(ctx, f)
 	})
 }

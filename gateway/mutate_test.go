@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -233,5 +234,42 @@ func TestGateway_DropByQueryTarget(t *testing.T) {
 	c.Send(&frames.Subscribe{Op: frames.OpDrop, SID: "a", Target: frames.Target{Kind: frames.TargetQuery, QID: "q", Input: []byte(`{}`)}})
 	if ack := gwtest.Expect[*frames.Ack](c); ack.Ref != "a" || ack.Error != nil {
 		t.Fatalf("drop ack %+v", ack)
+	}
+}
+
+// A client that published through node A, then B, then A again
+// continues on A at the seq it presents: A's record of the first visit
+// must not answer every later mutate with X_SEQ_GAP. A gap within one
+// connection is still refused, and a retry of a seq A answered before
+// still gets A's first ack.
+func TestGateway_ProducerBackFromAnotherNode(t *testing.T) {
+	t.Parallel()
+	a := newTestServer(t, gateway.Config{})
+	b := newTestServer(t, gateway.Config{})
+	visit := func(srv *testServer, from int64) (*gwtest.Conn, *frames.Ack) {
+		c := gwtest.Dial(t, srv.url, nil)
+		c.Hello("app", 0)
+		var first *frames.Ack
+		for seq := from; seq < from+3; seq++ {
+			r := c.Publish(fmt.Sprint("k", seq), seq, "t", `1`)
+			if r.Error != nil {
+				t.Fatalf("seq %d: %+v", seq, r.Error)
+			}
+			if first == nil {
+				first = r
+			}
+		}
+		return c, first
+	}
+	c, firstOnA := visit(a, 0)
+	c.Close()
+	c, _ = visit(b, 3)
+	c.Close()
+	c, _ = visit(a, 6)
+	if r := c.Publish("k10", 10, "t", `1`); r.Error == nil || r.Error.Code != frames.CodeSeqGap {
+		t.Fatalf("gap within a connection: %+v, want X_SEQ_GAP", r)
+	}
+	if r := c.Publish("k0", 0, "t", `1`); r.Error != nil || *r.LSN != *firstOnA.LSN {
+		t.Fatalf("retry of seq 0 on A: %+v, want A's first ack %s", r, *firstOnA.LSN)
 	}
 }

@@ -85,7 +85,12 @@ func (p *producer) resetLocked(epoch int64) {
 // order, but a later mutate's ack may overtake a pending one's. At most
 // window/2 mutates of a producer are pending; beyond that run waits for
 // the outcome before it returns.
-func (p *producer) run(epoch int64, f *frames.Mutate, reply func(outcome), exec func() (outcome, <-chan outcome)) {
+//
+// fresh says f is the first mutate of its session: a client-named
+// producer then continues at f.Seq when that is beyond the seq this node
+// expects, since the client may have published through another node
+// since its last connection here (A, then B, then A again).
+func (p *producer) run(epoch int64, fresh bool, f *frames.Mutate, reply func(outcome), exec func() (outcome, <-chan outcome)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
@@ -97,10 +102,11 @@ func (p *producer) run(epoch int64, f *frames.Mutate, reply func(outcome), exec 
 	case epoch > p.epoch:
 		p.resetLocked(epoch)
 	}
-	if !p.started && p.clientID != "" {
+	if p.clientID != "" && (!p.started || fresh && f.Seq > p.next) {
 		// A client-named producer this node has no record of (new here,
-		// forgotten, or the node restarted) continues at the seq it
-		// presents; persisted appends are still deduplicated by the log.
+		// forgotten, or the node restarted), or whose record a new
+		// connection has overtaken, continues at the seq it presents;
+		// persisted appends are still deduplicated by the log.
 		p.next = f.Seq
 	}
 	p.started = true
