@@ -252,10 +252,11 @@ type Client struct {
 // not arrived. fn is called exactly once, without mu held, unless the
 // caller gave up on it (fn nil: the ack then goes to OnFrame).
 type mutation struct {
-	seq int64
-	key string
-	msg []byte // the encoded frame, re-sent on a new connection
-	fn  func(ack *frames.Ack, err error)
+	seq     int64
+	key     string
+	msg     []byte // the encoded frame, re-sent on a new connection
+	fn      func(ack *frames.Ack, err error)
+	resends int // guarded by Client.mu: times an answer made it go again (see resendable)
 }
 
 // Dial connects to url (ws://host/v1/ws), sends hello and waits for the

@@ -345,6 +345,50 @@ func TestClient_PublishAsync_InOrder(t *testing.T) {
 	}
 }
 
+// A publish the server drops over its rate (X_RATE_LIMITED, not taken
+// up) is sent again, with the publishes pipelined after it that the
+// server refused for the missing seq (X_SEQ_GAP): all succeed, in order,
+// without the caller doing anything.
+func TestClient_PublishAsync_ResentAfterRateLimit(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	c := dial(t, newFakeServer(t), nil)
+	const n = 5
+	type result struct {
+		lsn string
+		err error
+	}
+	results := make(chan result, n)
+	for i := range n {
+		topic := "room"
+		if i == 0 {
+			topic = "limited1"
+		}
+		noErr(t, c.PublishAsync(ctx, topic, json.RawMessage(`{}`), func(lsn string, err error) { results <- result{lsn, err} }))
+	}
+	var last string
+	for range n {
+		r := recv(t, ctx, results)
+		if r.err != nil || r.lsn <= last {
+			t.Fatalf("publish after %q: %+v; want success at a higher lsn", last, r)
+		}
+		last = r.lsn
+	}
+}
+
+// A publish the server keeps dropping is sent again a bounded number of
+// times, then fails with the server's answer.
+func TestClient_Publish_ResendsBounded(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	c := dial(t, newFakeServer(t), nil)
+	_, err := c.Publish(ctx, "limited", json.RawMessage(`{}`))
+	var fe *frames.Error
+	if !errors.As(err, &fe) || fe.Code != frames.CodeRateLimited {
+		t.Fatalf("Publish = %v, want X_RATE_LIMITED once the resends are used up", err)
+	}
+}
+
 // Data that is not JSON fails PublishAsync before anything is sent: done
 // is never called, no seq is used (the fake checks the next one), and the
 // client goes on publishing.

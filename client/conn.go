@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"golang.org/x/time/rate"
 
 	"github.com/syncgate/syncgate/frames"
 )
@@ -55,6 +56,12 @@ type conn struct {
 	reconnect *frames.Reconnect      // the last reconnect frame received
 	reconAt   time.Time              // when it arrived
 	upAt      time.Time              // when it became current
+	resendDue bool                   // a resend of the unacknowledged mutates is scheduled here
+
+	// pace keeps the writer within the server's frame rate (its hello's
+	// frameRate and frameBurst); nil while unknown or unlimited. Set by
+	// the read loop before helloc is closed.
+	pace atomic.Pointer[rate.Limiter]
 }
 
 // subWaiter handles the ack to one subscribe frame sent on a connection.
@@ -268,6 +275,9 @@ func (cn *conn) handleFrameHello(f *frames.Hello) {
 	if lim := cn.batchLimit.Load(); f.MaxMessage > 0 && f.MaxMessage < lim {
 		cn.batchLimit.Store(f.MaxMessage) // batches must fit the server's limit
 	}
+	if f.FrameRate > 0 && f.FrameBurst > 0 {
+		cn.pace.Store(newPace(f.FrameRate, f.FrameBurst, cn.c.opts.Now()))
+	}
 	if f.SessionID != nil {
 		cn.rlog = cn.rlog.With(logKeySession, *f.SessionID)
 	}
@@ -295,6 +305,18 @@ func (cn *conn) handleFrameAck(f *frames.Ack) {
 		return
 	}
 	m, ok := c.mutates[f.Ref]
+	if ok && resendable(f) && m.resends < maxResends {
+		// Not run: it stays waiting and goes out again (mutate.go).
+		m.resends++
+		c.scheduleResendLocked(cn, m.resends)
+		c.mu.Unlock()
+		return
+	}
+	if !ok && f.Error != nil && f.Error.Code == frames.CodeRateLimited && len(c.mutates) > 0 {
+		// Another frame was dropped over the rate, and mutates sent after
+		// it may have been dropped unanswered.
+		c.scheduleResendLocked(cn, 1)
+	}
 	if ok {
 		delete(c.mutates, f.Ref)
 		if len(c.mutates) == 0 && c.idle != nil {
@@ -311,9 +333,9 @@ func (cn *conn) handleFrameAck(f *frames.Ack) {
 		cn.gotHello = true
 		cn.helloErr = ackError(f)
 		close(cn.helloc)
-	case !ok && c.opts.Reconnect && len(f.Ref) > len(c.keyPrefix) && f.Ref[:len(c.keyPrefix)] == c.keyPrefix:
-		// The second ack of a mutate sent on two connections (a
-		// take-over re-sent it): the first one counted.
+	case !ok && len(f.Ref) > len(c.keyPrefix) && f.Ref[:len(c.keyPrefix)] == c.keyPrefix:
+		// The second ack of a mutate sent twice (a take-over or a
+		// resend sent it again): the first one counted.
 		cn.rlog.Debug("client: dropping a repeated mutate ack", "ref", f.Ref)
 	default:
 		c.onFrame(f)
@@ -401,4 +423,37 @@ func (cn *conn) writeMsg(msg []byte) error {
 		return fmt.Errorf("client: write: %w", err)
 	}
 	return nil
+}
+
+// newPace returns the writer's limiter for a server that takes rate frames
+// a second, burst at once: a tenth below the rate and half the burst, since
+// the network may bunch frames the writer spaced, less the token the
+// hello took.
+func newPace(frameRate float64, burst int64, now time.Time) *rate.Limiter {
+	lim := rate.NewLimiter(rate.Limit(0.9*frameRate), int(max(1, burst/2)))
+	lim.AllowN(now, 1) // the hello
+	return lim
+}
+
+// paceWait waits until the writer may send n more frames, or until the
+// connection ends (then it returns its error).
+func (cn *conn) paceWait(n int) error {
+	lim := cn.pace.Load()
+	if lim == nil {
+		return nil
+	}
+	now := cn.c.opts.Now()
+	r := lim.ReserveN(now, min(n, lim.Burst()))
+	d := r.DelayFrom(now)
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-cn.done:
+		return cn.endErr()
+	}
 }

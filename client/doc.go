@@ -19,6 +19,21 @@
 // mutate's seq is assigned and its frame queued under one send lock, so
 // seqs reach the wire in order.
 //
+// # Pacing and resends
+//
+// A server that limits each session's frames says so in its hello
+// (frameRate, frameBurst; the gateway's -frame-rate and -frame-burst). The
+// writer then keeps below them, at nine tenths of the rate and half the
+// burst, waiting before a write that would go over: pipelined publishes
+// past the burst wait in the client rather than being dropped by the
+// server. A frame the server drops anyway, or a mutate it did not run for
+// lack of an earlier seq (X_RATE_LIMITED, X_SEQ_GAP) or for a failure of
+// its own (X_INTERNAL), leaves its seq spent: the Client sends every
+// mutate not yet acknowledged again, in seq order, after a pause (250 ms,
+// longer each time), and the server runs them in order and answers the
+// ones it already ran with their first ack. A mutate is sent again for
+// such answers at most five times, then fails with the last one.
+//
 // # Callbacks and backpressure
 //
 // Patch handlers, PublishAsync completions and [Options.OnFrame] run on the
@@ -86,5 +101,5 @@
 //
 // Only Close ends a reconnecting Client. Calls bounded by a ctx give up
 // with it; a mutate given up on is still re-sent until acknowledged, since
-// its seq is spent.
+// its seq is spent, and its ack goes to [Options.OnFrame].
 package client

@@ -36,6 +36,9 @@ import (
 //     reconnect {afterMs: 50, overload} and close 1013; later ones pass.
 //   - topic "hold1", "dropack1": on the fake's first session, a publish
 //     gets no answer (hold1: not taken up; dropack1: published, ack lost).
+//   - topic "limited1": on the fake's first session, the first publish is
+//     answered X_RATE_LIMITED and not taken up, as the gateway drops a
+//     frame over its rate; topic "limited": every publish, every time.
 //   - topics "p:*" are persisted: a subscribe with a cursor replays what
 //     came after it; other topics answer a cursor with X_CURSOR_EXPIRED.
 //
@@ -117,6 +120,7 @@ type fakeConn struct {
 	producer string // clientId/epoch, or "" (seqs per connection)
 	nextSeq  int64
 	stalled  bool              // hold1 arrived: mutates are not taken up
+	limited  bool              // limited1 was dropped once
 	subs     map[string]string // sid → topic; guarded by fs.mu
 
 	out [][]byte   // frames queued for the connection; guarded by fs.mu
@@ -337,6 +341,13 @@ func (fs *fakeServer) handleMutateLocked(fc *fakeConn, f *frames.Mutate, touched
 			}
 			report(fs.held, frames.Frame(f))
 			return nil
+		case in.Topic == "limited1" && fc.n == 1 && !fc.limited:
+			// Dropped over the rate, as the gateway drops a frame: not
+			// taken up, the seq does not advance.
+			fc.limited = true
+			return []frames.Frame{errAck(f.Key, frames.CodeRateLimited, "over the rate")}
+		case in.Topic == "limited":
+			return []frames.Frame{errAck(f.Key, frames.CodeRateLimited, "over the rate")} // every time
 		case in.Topic == "hold1" && fc.n == 1:
 			// Not taken up, nor anything after it on this connection (as
 			// if it never arrived): the seq does not advance.

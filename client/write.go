@@ -1,9 +1,11 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -274,6 +276,10 @@ func failOut(q []outMsg, err error) {
 // fails with it.
 func (cn *conn) writeBatches(q []outMsg) error {
 	limit := int(cn.batchLimit.Load())
+	maxFrames := math.MaxInt // frames per message: at most the pace's burst
+	if lim := cn.pace.Load(); lim != nil {
+		maxFrames = lim.Burst()
+	}
 	var batch []outMsg // frames of the message being built, all claimed
 	size := 0
 	write := func() error {
@@ -281,6 +287,19 @@ func (cn *conn) writeBatches(q []outMsg) error {
 			return nil
 		}
 		msg := batch[0].b
+		n := len(batch) // frames, as the server counts them
+		if batch[0].alone {
+			n = bytes.Count(msg, []byte{'\n'}) + 1
+		}
+		if err := cn.paceWait(n); err != nil {
+			for _, m := range batch {
+				if m.w != nil {
+					m.w.done <- err
+				}
+			}
+			batch, size = batch[:0], 0
+			return err
+		}
 		if len(batch) > 1 {
 			buf := cn.wbuf[:0]
 			for i, m := range batch {
@@ -308,7 +327,7 @@ func (cn *conn) writeBatches(q []outMsg) error {
 	}
 	for i, m := range q {
 		// What m cannot join goes out first.
-		if len(batch) > 0 && (m.flush || m.alone || size+1+len(m.b) > limit) {
+		if len(batch) > 0 && (m.flush || m.alone || size+1+len(m.b) > limit || len(batch) == maxFrames) {
 			if err := write(); err != nil {
 				failOut(q[i:], err)
 				return err

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"unicode"
@@ -670,7 +671,28 @@ func (d *decoder) hello(o *object) *Hello {
 	if v := o.get("maxMessage"); v != nil && d.err == nil {
 		h.MaxMessage = d.intValue(o.at, "maxMessage", v, true)
 	}
+	if v := o.get("frameRate"); v != nil && d.err == nil {
+		h.FrameRate = d.rateValue(o.at, "frameRate", v)
+	}
+	if v := o.get("frameBurst"); v != nil && d.err == nil {
+		h.FrameBurst = d.intValue(o.at, "frameBurst", v, true)
+	}
 	return h
+}
+
+// rateValue reads a finite number >= 0 (a JSON number; the decoder has
+// checked its syntax).
+func (d *decoder) rateValue(at loc, name string, v []byte) float64 {
+	if v[0] != '-' && !isDigit(v[0]) {
+		d.bad(at, name, "number >= 0", jsonKind(v))
+		return 0
+	}
+	f, err := strconv.ParseFloat(string(v), 64)
+	if err != nil || f < 0 || math.IsInf(f, 0) {
+		d.bad(at, name, "number >= 0", describe(v))
+		return 0
+	}
+	return f
 }
 
 func (d *decoder) subscribe(o *object) *Subscribe {

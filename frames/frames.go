@@ -62,7 +62,8 @@ type Cursor struct {
 }
 
 // Hello opens a session (client to server, SessionID nil) and is answered by
-// the server with the session's id. Token, ClientID, Epoch and MaxMessage
+// the server with the session's id. Token, ClientID, Epoch, MaxMessage,
+// FrameRate and FrameBurst
 // are optional on the wire: their zero values are left out when encoding,
 // and an absent field decodes to the zero value.
 type Hello struct {
@@ -77,6 +78,12 @@ type Hello struct {
 	// bytes it accepts (larger ones are closed with 1009), so that a
 	// client batching its frames knows how far it may go.
 	MaxMessage int64 `json:"maxMessage,omitempty"`
+	// FrameRate and FrameBurst are sent by a server that limits each
+	// session's frames: at most FrameRate per second on average, FrameBurst
+	// at once. Frames over them are dropped (X_RATE_LIMITED), so a client
+	// that sends fast paces itself below them. Absent: no limit.
+	FrameRate  float64 `json:"frameRate,omitempty"`
+	FrameBurst int64   `json:"frameBurst,omitempty"`
 }
 
 // Subscribe operations.

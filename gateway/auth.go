@@ -100,16 +100,9 @@ func (s *session) refreshToken(f *frames.Hello) {
 	}
 	s.setAuth(st)
 	s.srv.metrics.tokenRefreshes.Inc()
-	id := s.id
-	s.send(&frames.Hello{
-		BuildID:    s.srv.BuildID(),
-		SessionID:  &id,
-		ActorID:    st.actorID,
-		Resume:     []frames.Cursor{},
-		ClientID:   s.clientID,
-		Epoch:      s.epoch,
-		MaxMessage: s.srv.cfg.MaxFrameBytes,
-	})
+	h := s.serverHello(st.actorID)
+	h.BuildID = s.srv.BuildID()
+	s.send(h)
 }
 
 // tokenClock is a session's expiry timer. At the token's exp the session

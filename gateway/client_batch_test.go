@@ -67,3 +67,28 @@ func TestClient_CloseWritesQueued(t *testing.T) {
 	}
 	waitAll(t, []*orderedCounter{counter}, 10*time.Second)
 }
+
+// TestClient_PacesToServerRate: a gateway that limits frames says so in
+// its hello (frameRate, frameBurst), and the Go client paces its frames
+// below them: publishes pipelined far past the burst all succeed, in
+// order, and the gateway drops none.
+func TestClient_PacesToServerRate(t *testing.T) {
+	t.Parallel()
+	const n = 150
+	srv := newTestServer(t, gateway.Config{FrameRate: 100, FrameBurst: 20, RateLimitClose: -1})
+	sub := dialClient(t, srv.url, nil)
+	counter := newOrderedCounter(n)
+	counter.c = sub
+	if _, err := sub.Subscribe(t.Context(), "paced", nil, counter.patch); err != nil {
+		t.Fatal(err)
+	}
+	pub := dialClient(t, srv.url, nil)
+	if h := pub.ServerHello(); h.FrameRate != 100 || h.FrameBurst != 20 {
+		t.Fatalf("hello frameRate %v, frameBurst %d; want 100, 20", h.FrameRate, h.FrameBurst)
+	}
+	publishAll(t, pub, "paced", n, func(i int) string { return fmt.Sprintf(`{"i":%d}`, i) })
+	waitAll(t, []*orderedCounter{counter}, time.Minute)
+	if d := metricValue(t, scrape(t, srv.ts.URL), "syncgate_frames_rate_limited_total"); d != 0 {
+		t.Fatalf("the gateway dropped %v frames over its rate", d)
+	}
+}

@@ -135,15 +135,26 @@ func (s *session) handleFrameHello(f *frames.Hello) {
 	s.helloDone.Store(true)
 	s.helloTimer.Stop()
 	s.helloTimer = nil
+	s.answerHello(s.serverHello(st.actorID), f.BuildID)
+}
+
+// serverHello is the hello the server answers s's hello (or a token
+// refresh) with: the session's id, actor and producer, and the limits a
+// client's sending must keep to.
+func (s *session) serverHello(actorID *string) *frames.Hello {
 	id := s.id
-	s.answerHello(&frames.Hello{
+	h := &frames.Hello{
 		SessionID:  &id,
-		ActorID:    st.actorID,
+		ActorID:    actorID,
 		Resume:     []frames.Cursor{},
-		ClientID:   f.ClientID,
-		Epoch:      f.Epoch,
+		ClientID:   s.clientID,
+		Epoch:      s.epoch,
 		MaxMessage: s.srv.cfg.MaxFrameBytes,
-	}, f.BuildID)
+	}
+	if s.lim != nil {
+		h.FrameRate, h.FrameBurst = s.srv.cfg.FrameRate, int64(s.srv.cfg.FrameBurst)
+	}
+	return h
 }
 
 func (s *session) handleFrameSubscribe(ctx context.Context, f *frames.Subscribe) {
