@@ -149,8 +149,8 @@ func TestDecode_Frames(t *testing.T) {
 	t.Parallel()
 	cursor := Cursor{QID: "topic:room-1", LSN: "0000000000000000_0000000000000042", Digest: "", IDs: []string{}, At: 1767225600000}
 	want := map[string]Frame{
-		"hello/client": &Hello{BuildID: "web-2026.08.1", Resume: []Cursor{cursor}, ClientID: "tab-7f3a", Epoch: 2},
-		"hello/server": &Hello{BuildID: "srv-1", SessionID: ptr("s_91"), Resume: []Cursor{}, MaxMessage: 65536, FrameRate: 1000, FrameBurst: 2000},
+		"hello/client":      &Hello{BuildID: "web-2026.08.1", Resume: []Cursor{cursor}, ClientID: "tab-7f3a", Epoch: 2},
+		"hello/server":      &Hello{BuildID: "srv-1", SessionID: ptr("s_91"), Resume: []Cursor{}, MaxMessage: 65536, FrameRate: 1000, FrameBurst: 2000},
 		"hello/server-slow": &Hello{BuildID: "srv-1", SessionID: ptr("s_92"), Resume: []Cursor{}, FrameRate: 0.5, FrameBurst: 1},
 		"subscribe/topic": &Subscribe{Op: OpAdd, SID: "s1",
 			Target: Target{Kind: TargetTopic, Topic: "room-1"}},
