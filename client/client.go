@@ -361,13 +361,16 @@ func (c *Client) Err() error {
 	return c.err
 }
 
-// Close closes the connection (every connection, with Reconnect) with 1000
-// (normal closure) and returns once the Client's goroutines have exited,
-// which waits for a running callback to return. Frames queued before Close
-// (such as PublishAsync calls that have returned) are written first, for
-// at most [Options.WriteTimeout] per connection. Calls still waiting for
-// an ack fail with net.ErrClosed. Close is idempotent: later calls return
-// nil.
+// Close closes the connection (every connection, with Reconnect, all at
+// once) with 1000 (normal closure) and returns once the Client's
+// goroutines have exited, which waits for a running callback to return.
+// Frames queued before Close (such as PublishAsync calls that have
+// returned) are written first, for at most [Options.WriteTimeout]; then
+// the close handshake waits for the server's close frame, which
+// coder/websocket bounds at 5 s (a server that never answers it makes
+// Close take that long, and without Reconnect return its error). Calls
+// still waiting for an ack fail with net.ErrClosed. Close is idempotent:
+// later calls return nil.
 func (c *Client) Close() error {
 	first := false
 	c.closeOnce.Do(func() {

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/syncgate/syncgate/frames"
@@ -214,9 +215,11 @@ func (c *Client) supervise(ctx context.Context, cur *conn) {
 	c.mu.Lock()
 	live := slices.Collect(maps.Keys(c.live))
 	c.mu.Unlock()
+	var wg sync.WaitGroup
 	for _, cn := range live {
-		_ = cn.close()
+		wg.Go(func() { _ = cn.close() }) // at once: each may wait out a handshake
 	}
+	wg.Wait()
 	c.conns.Wait()
 	c.shutdown(net.ErrClosed)
 }
