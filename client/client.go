@@ -62,6 +62,15 @@ type Options struct {
 	// Token is the credential sent in hello. Defaults to "" (none).
 	Token string
 
+	// TokenFunc, if set, supplies the token instead of Token: it is
+	// called for each connection's hello (so a reconnect after the token
+	// expired sends a fresh one; an error fails that attempt, which
+	// Reconnect retries), and when the server says the token expired
+	// (X_TOKEN_EXPIRED), after which the Client refreshes the session
+	// with a new hello on the same connection. ctx is bounded by
+	// WriteTimeout. It runs on its own goroutine, never on the read loop.
+	TokenFunc func(ctx context.Context) (string, error)
+
 	// Header is sent with the upgrade request (for example Origin).
 	// Defaults to none.
 	Header http.Header

@@ -106,12 +106,10 @@ func (c *Client) connect(ctx context.Context, url string) (*conn, error) {
 	c.conns.Go(cn.readLoop)
 	c.conns.Go(cn.writeLoop)
 
-	hello := &frames.Hello{
-		BuildID:  o.BuildID,
-		Resume:   []frames.Cursor{},
-		Token:    o.Token,
-		ClientID: o.ClientID,
-		Epoch:    o.Epoch,
+	hello, err := c.hello(ctx)
+	if err != nil {
+		cn.closeNow()
+		return nil, err
 	}
 	if err := cn.send(ctx, hello); err != nil {
 		cn.closeNow()
@@ -333,6 +331,9 @@ func (cn *conn) handleFrameAck(f *frames.Ack) {
 		cn.gotHello = true
 		cn.helloErr = ackError(f)
 		close(cn.helloc)
+	case f.Error != nil && f.Error.Code == frames.CodeTokenExpired && f.Ref == "" && c.opts.TokenFunc != nil:
+		c.conns.Go(cn.refreshToken) // not on the read loop: TokenFunc may take a while
+		c.onFrame(f)
 	case !ok && len(f.Ref) > len(c.keyPrefix) && f.Ref[:len(c.keyPrefix)] == c.keyPrefix:
 		// The second ack of a mutate sent twice (a take-over or a
 		// resend sent it again): the first one counted.
@@ -455,5 +456,46 @@ func (cn *conn) paceWait(n int) error {
 		return nil
 	case <-cn.done:
 		return cn.endErr()
+	}
+}
+
+// hello returns the hello a new connection opens with, its token from
+// TokenFunc when set.
+func (c *Client) hello(ctx context.Context) (*frames.Hello, error) {
+	o := &c.opts
+	h := &frames.Hello{
+		BuildID:  o.BuildID,
+		Resume:   []frames.Cursor{},
+		Token:    o.Token,
+		ClientID: o.ClientID,
+		Epoch:    o.Epoch,
+	}
+	if o.TokenFunc != nil {
+		tctx, cancel := context.WithTimeout(ctx, o.WriteTimeout)
+		defer cancel()
+		tok, err := o.TokenFunc(tctx)
+		if err != nil {
+			return nil, fmt.Errorf("client: token: %w", err)
+		}
+		h.Token = tok
+	}
+	return h, nil
+}
+
+// refreshToken answers the server's X_TOKEN_EXPIRED: a hello with a fresh
+// token on the same connection. A failure is logged; the server closes the
+// session at the end of its grace, and Reconnect then opens a new one
+// (whose hello asks TokenFunc again).
+func (cn *conn) refreshToken() {
+	// Bounded without a ctx of its own: hello bounds TokenFunc by
+	// WriteTimeout, and a send on a connection whose writes have stopped
+	// fails at once.
+	ctx := context.Background()
+	h, err := cn.c.hello(ctx)
+	if err == nil {
+		err = cn.send(ctx, h)
+	}
+	if err != nil {
+		cn.rlog.Warn("client: token refresh failed", "err", err)
 	}
 }

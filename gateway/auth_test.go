@@ -6,12 +6,14 @@ import (
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,6 +21,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/syncgate/syncgate/auth"
+	"github.com/syncgate/syncgate/client"
 	"github.com/syncgate/syncgate/frames"
 	"github.com/syncgate/syncgate/gateway"
 	"github.com/syncgate/syncgate/internal/gwtest"
@@ -436,5 +439,40 @@ func TestAuth_ProducerIsPerActor(t *testing.T) {
 	}
 	if ack := alice.Publish("a2", 2, "room:1", `5`); ack.Error == nil || ack.Error.Code != frames.CodeEpochFenced {
 		t.Fatalf("alice's older epoch after her newer one: %+v, want X_EPOCH_FENCED", ack)
+	}
+}
+
+// The Go client's TokenFunc supplies each hello's token and answers the
+// server's X_TOKEN_EXPIRED with a refreshing hello on the same
+// connection: the session outlives its first token's exp and grace.
+func TestAuth_ClientTokenFuncRefreshes(t *testing.T) {
+	t.Parallel()
+	const grace = 600 * time.Millisecond
+	now, exp := expiringClock(400 * time.Millisecond)
+	a := newAuthServer(t, gateway.Config{TokenGrace: grace}, now, auth.Config{Leeway: -1})
+	var calls atomic.Int64
+	c := dialClient(t, a.url, &client.Options{TokenFunc: func(context.Context) (string, error) {
+		e := exp // the first token expires soon, later ones in an hour
+		if calls.Add(1) > 1 {
+			e = exp.Add(time.Hour)
+		}
+		cl := a.claims("u1", 0, all)
+		cl.ExpiresAt = jwt.NewNumericDate(e)
+		return sign(t, jwt.SigningMethodHS256, testSecret, cl), nil
+	}})
+	gwtest.Eventually(t, gwtest.Timeout, "the client refreshes its token", func() bool {
+		return metricValue(t, scrape(t, a.ts.URL), "syncgate_token_refreshes_total") == 1
+	})
+	gwtest.Eventually(t, gwtest.Timeout, "the first token's grace is over", func() bool {
+		return now().After(exp.Add(grace + 200*time.Millisecond))
+	})
+	if err := c.Err(); err != nil {
+		t.Fatalf("client ended: %v", err)
+	}
+	if _, err := c.Publish(t.Context(), "room:1", json.RawMessage(`1`)); err != nil {
+		t.Fatalf("publish after the grace: %v", err)
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("TokenFunc called %d times, want 2 (hello, refresh)", n)
 	}
 }
