@@ -133,7 +133,13 @@ func (s *Server) serveHead(w http.ResponseWriter, r *http.Request, name string) 
 	h.Set(hdrNextOffset, info.Tail)
 	h.Set("Cache-Control", "no-store")
 	if info.TTL > 0 {
-		h.Set(hdrTTL, strconv.FormatInt(int64(info.TTL/time.Second), 10))
+		// What is left of it, in whole seconds rounded up: a live
+		// stream never shows 0.
+		left := info.TTLLeft
+		if left <= 0 {
+			left = info.TTL // a log that does not say
+		}
+		h.Set(hdrTTL, strconv.FormatInt(int64((left+time.Second-1)/time.Second), 10))
 	}
 	switch {
 	case info.ExpiresAtRaw != "":

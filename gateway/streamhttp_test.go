@@ -536,8 +536,11 @@ func TestStreamHTTP_TTL(t *testing.T) {
 	s.clock.Advance(50 * time.Second)
 	s.do(t, "GET", "/v1/stream/ttl?offset=now", nil, "").want(t, 200)
 	s.clock.Advance(50 * time.Second)
-	s.do(t, "HEAD", "/v1/stream/ttl", nil, "").want(t, 200)
-	s.clock.Advance(11 * time.Second)
+	// HEAD's Stream-TTL is what is left, rounded up.
+	s.do(t, "HEAD", "/v1/stream/ttl", nil, "").want(t, 200).wantHeader(t, "Stream-TTL", "10")
+	s.clock.Advance(9*time.Second + 500*time.Millisecond)
+	s.do(t, "HEAD", "/v1/stream/ttl", nil, "").want(t, 200).wantHeader(t, "Stream-TTL", "1")
+	s.clock.Advance(1500 * time.Millisecond)
 	s.do(t, "HEAD", "/v1/stream/ttl", nil, "").want(t, 404)
 	s.do(t, "POST", "/v1/stream/ttl", hdr("Content-Type", "text/plain"), "x").want(t, 404)
 	s.do(t, "PUT", "/v1/stream/ttl", hdr("Content-Type", "application/json"), "").want(t, 201)

@@ -89,6 +89,11 @@ type Info struct {
 	ExpiresAt    time.Time
 	ExpiresAtRaw string
 	Closed       bool
+
+	// TTLLeft is, from Head, how much of a sliding TTL is left: TTL less
+	// the time since the last append or read (0 without a TTL).
+	TTLLeft time.Duration
+
 	Tail         string // offset after the last record; ZeroOffset when empty
 	CreatedAt    time.Time
 

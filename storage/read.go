@@ -86,11 +86,14 @@ func (db *DB) Head(ctx context.Context, name string) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
-	if err := db.live(m, name, db.now()); err != nil {
+	now := db.now()
+	if err := db.live(m, name, now); err != nil {
 		return Info{}, err
 	}
 	if m.SrcID == 0 {
-		return m.info(), nil
+		in := m.info()
+		in.TTLLeft = db.ttlLeft(m, now)
+		return in, nil
 	}
 	// A fork's readable start depends on its sources' retention too: the
 	// fork and its sources are read in one transaction (the cache may lag
@@ -101,7 +104,7 @@ func (db *DB) Head(ctx context.Context, name string) (Info, error) {
 		if err != nil {
 			return err
 		}
-		if err := db.live(m, name, db.now()); err != nil {
+		if err := db.live(m, name, now); err != nil {
 			return err
 		}
 		var segBuf [4]segment
@@ -111,12 +114,21 @@ func (db *DB) Head(ctx context.Context, name string) (Info, error) {
 		}
 		in = m.info()
 		in.Pruned = FormatOffset(prunedOf(segs))
+		in.TTLLeft = db.ttlLeft(m, now)
 		return nil
 	})
 	if err != nil {
 		return Info{}, err
 	}
 	return in, nil
+}
+
+// ttlLeft is how much of m's sliding TTL is left at now (0 without one).
+func (db *DB) ttlLeft(m *meta, now time.Time) time.Duration {
+	if m.TTL <= 0 {
+		return 0
+	}
+	return max(0, m.TTL-time.Duration(now.UnixNano()-db.lastAccess(m)))
 }
 
 // prunedOf is the last position retention removed across segs, as
