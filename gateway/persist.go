@@ -196,6 +196,14 @@ func (srv *Server) acquireTailer(ctx context.Context, topic string) (*tailer, er
 		return t, nil
 	}
 	info, err := srv.cfg.Log.Head(ctx, topic)
+	if errors.Is(err, storage.ErrNotFound) {
+		// Deleted (over HTTP, or by its TTL) since this node last made
+		// it, while no tailer here watched: make it anew, as a first use.
+		srv.streams.Delete(topic)
+		if err = srv.ensureStream(ctx, topic); err == nil {
+			info, err = srv.cfg.Log.Head(ctx, topic)
+		}
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -888,3 +888,26 @@ func TestPersisted_CursorOfADeletedLog(t *testing.T) {
 		t.Fatalf("expired resume not counted:\n%s", grepLines(m, "syncgate_resumes_total"))
 	}
 }
+
+// A persisted topic's stream deleted over HTTP while this node had no
+// subscriber to it (no tailer watching) is made anew by the next
+// subscribe, as on first use, rather than refused with X_INTERNAL.
+func TestPersisted_SubscribeAfterDeleteWithoutTailer(t *testing.T) {
+	t.Parallel()
+	n := startPersistNode(t, t.TempDir())
+	c := gwtest.Dial(t, n.url, nil)
+	c.Hello("", 0)
+	c.Subscribe("s", "chat:gone")
+	c.Send(&frames.Subscribe{Op: frames.OpDrop, SID: "s", Target: frames.Target{Kind: frames.TargetTopic, Topic: "chat:gone"}})
+	if ack := gwtest.Expect[*frames.Ack](c); ack.Error != nil {
+		t.Fatalf("drop: %+v", ack.Error)
+	}
+	streamRequest(t, n, http.MethodDelete, "chat:gone", "")
+	c.Subscribe("s2", "chat:gone") // fails the test on an error ack
+	if ack := c.Publish("k0", 0, "chat:gone", `"back"`); ack.Error != nil {
+		t.Fatalf("publish: %+v", ack.Error)
+	}
+	if p := gwtest.Expect[*frames.Patch](c); p.SID != "s2" || !strings.Contains(string(p.Patches[0].Row), `"back"`) {
+		t.Fatalf("patch %+v", p)
+	}
+}
