@@ -35,7 +35,10 @@ import (
 // the log, not the buffer, is the source of truth, so nothing is lost or
 // sent twice at the seam.
 
-// replayHold bounds the live patches a replaying subscription holds.
+// replayHold bounds the live patches a replaying subscription holds, in
+// number; in bytes they are bounded by a quarter of the send queue
+// (replay.holdBytes). They are queued at once when the replay ends, onto a
+// queue the replayer has kept below half full, so they always fit.
 const replayHold = 4096
 
 // replayPage bounds one log read during replay and tailing.
@@ -482,6 +485,8 @@ type replay struct {
 	mu      sync.Mutex
 	active  bool               // guarded by mu: live patches are held, not queued
 	held    []outItem          // guarded by mu
+	heldLen int                // guarded by mu: bytes in held
+	maxHeld int                // static: the bound on heldLen
 	lost    bool               // guarded by mu: held overflowed and was discarded
 	reset   bool               // guarded by mu: the topic's log was replaced (resetTail) and the replayer has not yet started over
 	gap     *heldGap           // guarded by mu: the tailer skipped pruned records (skipTail) before held[gap.at]
@@ -502,7 +507,7 @@ type heldGap struct {
 // dropHeldLocked empties the hold buffer; lost says the replayer must read
 // on from the log instead.
 func (r *replay) dropHeldLocked(lost bool) {
-	r.held, r.gap, r.lost = nil, nil, lost
+	r.held, r.heldLen, r.gap, r.lost = nil, 0, nil, lost
 }
 
 // hold keeps a live patch while the subscription replays. It reports
@@ -515,10 +520,11 @@ func (r *replay) hold(it outItem) bool {
 	}
 	switch {
 	case r.lost:
-	case len(r.held) >= replayHold:
+	case len(r.held) >= replayHold || r.heldLen+it.size() > r.maxHeld:
 		r.dropHeldLocked(true)
 	default:
 		r.held = append(r.held, it)
+		r.heldLen += it.size()
 	}
 	return true
 }
@@ -584,7 +590,7 @@ func (s *session) subscribePersisted(ctx context.Context, f *frames.Subscribe, s
 	sub.tailer = t
 	cursor := f.Target.Cursor
 	if cursor != nil {
-		sub.replay = &replay{active: true, done: make(chan struct{}), tailer: t}
+		sub.replay = &replay{active: true, done: make(chan struct{}), tailer: t, maxHeld: srv.cfg.SendQueueBytes / 4}
 	}
 	if err := s.joinLive(ctx, sub, cursor == nil); err != nil {
 		srv.releaseTailer(t)
@@ -752,6 +758,11 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 		if first {
 			s.sendResumed(sub, cursor, cur.digest())
 			first = false
+		}
+		// Room for what is held (at most a quarter of the queue) before
+		// it is queued at once.
+		if err := s.q.waitRoom(ctx, srv.cfg.SendQueueBytes/2); err != nil {
+			return
 		}
 		mu.Lock()
 		r.mu.Lock()

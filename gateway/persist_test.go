@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -909,5 +910,86 @@ func TestPersisted_SubscribeAfterDeleteWithoutTailer(t *testing.T) {
 	}
 	if p := gwtest.Expect[*frames.Patch](c); p.SID != "s2" || !strings.Contains(string(p.Patches[0].Row), `"back"`) {
 		t.Fatalf("patch %+v", p)
+	}
+}
+
+// gateReplayLog holds reads from the log's start (the replayer's first
+// page) until open is closed, and records how far other reads (the
+// tailer's) have got.
+type gateReplayLog struct {
+	*storage.DB
+	open     chan struct{}
+	tailRead atomic.Pointer[string]
+}
+
+func (g *gateReplayLog) Read(ctx context.Context, name, after string, maxBytes int) (storage.ReadResult, error) {
+	if after == storage.ZeroOffset {
+		select {
+		case <-g.open:
+		case <-ctx.Done():
+			return storage.ReadResult{}, ctx.Err()
+		}
+	}
+	res, err := g.DB.Read(ctx, name, after, maxBytes)
+	if err == nil && after != storage.ZeroOffset {
+		next := res.Next
+		g.tailRead.Store(&next)
+	}
+	return res, err
+}
+
+// Live patches held while a subscription replays are bounded in bytes:
+// more than a quarter of the send queue makes the replay read them from
+// the log instead, so queueing what is held when the replay ends never
+// overflows the queue (it used to close the session 4001).
+func TestPersisted_HeldPatchesBoundedInBytes(t *testing.T) {
+	t.Parallel()
+	var g *gateReplayLog
+	n := startPersistNodeWith(t, t.TempDir(), &storage.Options{NoSync: true}, func(c *gateway.Config) {
+		c.SendQueueBytes = 256 << 10
+		g = &gateReplayLog{DB: c.Log.(*storage.DB), open: make(chan struct{})}
+		c.Log = g
+	})
+	const topic, backlog, live = "chat:held", 100, 400
+	pad := strings.Repeat("x", 1000)
+	appendN := func(from, count int) string {
+		var tail string
+		for i := from; i < from+count; i++ {
+			res, err := n.db.Append(context.Background(), topic, storage.AppendRequest{Records: [][]byte{fmt.Appendf(nil, `{"i":%d,"pad":%q}`, i, pad)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tail = res.Offset
+		}
+		return tail
+	}
+	streamRequest(t, n, http.MethodPut, topic, "")
+	appendN(0, backlog)
+	c := gwtest.Dial(t, n.url, nil)
+	c.C.SetReadLimit(-1)
+	c.Hello("", 0)
+	sendResume(c, "s", topic, storage.ZeroOffset) // the replayer waits at the gate
+	tail := appendN(backlog, live)                // 400 KiB of live patches, held
+	gwtest.Eventually(t, gwtest.Timeout, "the tailer reads the live records", func() bool {
+		p := g.tailRead.Load()
+		return p != nil && *p == tail
+	})
+	close(g.open)
+	got := 0
+	for got < backlog+live {
+		f, err := c.NextErr(gwtest.Timeout)
+		if err != nil {
+			t.Fatalf("after %d of %d inserts: %v", got, backlog+live, err)
+		}
+		p, ok := f.(*frames.Patch)
+		if !ok {
+			continue // the resume's ack and snapshot
+		}
+		for _, op := range p.Patches {
+			if !strings.Contains(string(op.Row), fmt.Sprintf(`"i":%d,`, got)) {
+				t.Fatalf("insert %d: %.60s", got, op.Row)
+			}
+			got++
+		}
 	}
 }
