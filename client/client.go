@@ -40,6 +40,11 @@ const (
 	logKeyURL     = "url"
 )
 
+// ErrOutOfStep ends a connection on which the server dropped frames over
+// its frame rate (X_RATE_LIMITED) or is missing a seq (X_SEQ_GAP): see
+// the package doc, Pacing.
+var ErrOutOfStep = errors.New("client: the server dropped frames; the connection was started over")
+
 // ErrNotConnected is returned by [Client.Send] and [Client.SendRaw] while a
 // reconnecting Client has no connection.
 var ErrNotConnected = errors.New("client: not connected")
@@ -242,7 +247,7 @@ type Client struct {
 	// honours ctx. It orders mutates (their seqs) and subscribes across
 	// connections, and is held while a new connection takes over.
 	sendMu chan struct{}
-	// Guarded by sendMu.
+	// Guarded by sendMu; written under mu too, so either lock reads it.
 	seq int64 // seq of the next mutate
 
 	mu sync.Mutex
@@ -261,11 +266,10 @@ type Client struct {
 // not arrived. fn is called exactly once, without mu held, unless the
 // caller gave up on it (fn nil: the ack then goes to OnFrame).
 type mutation struct {
-	seq     int64
-	key     string
-	msg     []byte // the encoded frame, re-sent on a new connection
-	fn      func(ack *frames.Ack, err error)
-	resends int // guarded by Client.mu: times an answer made it go again (see resendable)
+	seq int64
+	key string
+	msg []byte // the encoded frame, re-sent on a new connection
+	fn  func(ack *frames.Ack, err error)
 }
 
 // Dial connects to url (ws://host/v1/ws), sends hello and waits for the

@@ -346,13 +346,16 @@ func TestClient_PublishAsync_InOrder(t *testing.T) {
 }
 
 // A publish the server drops over its rate (X_RATE_LIMITED, not taken
-// up) is sent again, with the publishes pipelined after it that the
-// server refused for the missing seq (X_SEQ_GAP): all succeed, in order,
-// without the caller doing anything.
-func TestClient_PublishAsync_ResentAfterRateLimit(t *testing.T) {
+// up) puts the connection out of step: the server runs none of the later
+// ones (X_SEQ_GAP). With Reconnect the client starts over on a new
+// connection, whose hello says where it stands, and sends the
+// unacknowledged publishes again: all succeed, in order, without the
+// caller doing anything.
+func TestClient_PublishAsync_StartsOverAfterRateLimit(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
-	c := dial(t, newFakeServer(t), nil)
+	fs := newFakeServer(t)
+	c := dial(t, fs, &client.Options{Reconnect: true, BackoffBase: time.Millisecond})
 	const n = 5
 	type result struct {
 		lsn string
@@ -374,18 +377,27 @@ func TestClient_PublishAsync_ResentAfterRateLimit(t *testing.T) {
 		}
 		last = r.lsn
 	}
+	recv(t, ctx, fs.hellos) // the first connection's
+	if h := recv(t, ctx, fs.hellos); h.Seq == nil || *h.Seq != 0 {
+		t.Fatalf("the second connection's hello seq = %v, want 0 (the dropped publish's)", h.Seq)
+	}
 }
 
-// A publish the server keeps dropping is sent again a bounded number of
-// times, then fails with the server's answer.
-func TestClient_Publish_ResendsBounded(t *testing.T) {
+// Without Reconnect a connection out of step ends the Client: what waits
+// fails with ErrOutOfStep rather than never being answered.
+func TestClient_OutOfStepEndsClient(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
-	c := dial(t, newFakeServer(t), nil)
-	_, err := c.Publish(ctx, "limited", json.RawMessage(`{}`))
-	var fe *frames.Error
-	if !errors.As(err, &fe) || fe.Code != frames.CodeRateLimited {
-		t.Fatalf("Publish = %v, want X_RATE_LIMITED once the resends are used up", err)
+	c, err := client.Dial(ctx, newFakeServer(t).url(), nil)
+	noErr(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	_, err = c.Publish(ctx, "limited1", json.RawMessage(`{}`))
+	if !errors.Is(err, client.ErrOutOfStep) {
+		t.Fatalf("Publish = %v, want ErrOutOfStep", err)
+	}
+	<-c.Done()
+	if !errors.Is(c.Err(), client.ErrOutOfStep) {
+		t.Fatalf("Err = %v, want ErrOutOfStep", c.Err())
 	}
 }
 

@@ -34,9 +34,10 @@ type conn struct {
 	closingc  chan struct{} // closed when we start closing it
 
 	// Owned by the read loop. helloErr is read after helloc is closed.
-	gotHello bool
-	helloErr error
-	rlog     *slog.Logger
+	gotHello  bool
+	helloErr  error
+	outOfStep error // the server dropped frames: the connection is ended and started over
+	rlog      *slog.Logger
 
 	// The write queue: the writer goroutine (writeLoop) alone writes to
 	// ws, taking whatever is queued and joining it into batches.
@@ -56,7 +57,6 @@ type conn struct {
 	reconnect *frames.Reconnect      // the last reconnect frame received
 	reconAt   time.Time              // when it arrived
 	upAt      time.Time              // when it became current
-	resendDue bool                   // a resend of the unacknowledged mutates is scheduled here
 
 	// pace keeps the writer within the server's frame rate (its hello's
 	// frameRate and frameBurst); nil while unknown or unlimited. Set by
@@ -242,6 +242,9 @@ func (cn *conn) readLoop() {
 			return true
 		})
 	}
+	if cn.outOfStep != nil {
+		err = cn.outOfStep
+	}
 	cn.shutdown(err)
 }
 
@@ -290,6 +293,11 @@ func (cn *conn) handleFrameAck(f *frames.Ack) {
 		return
 	}
 	c := cn.c
+	if outOfStep(f) && f.Error.Code == frames.CodeRateLimited {
+		// Whatever it answers, frames sent after it may have been
+		// dropped with no answer at all.
+		defer cn.startOver(f)
+	}
 	c.mu.Lock()
 	if ws := cn.pending[f.Ref]; len(ws) > 0 {
 		w := ws[0]
@@ -303,17 +311,11 @@ func (cn *conn) handleFrameAck(f *frames.Ack) {
 		return
 	}
 	m, ok := c.mutates[f.Ref]
-	if ok && resendable(f) && m.resends < maxResends {
-		// Not run: it stays waiting and goes out again (mutate.go).
-		m.resends++
-		c.scheduleResendLocked(cn, m.resends)
+	if ok && outOfStep(f) {
+		// Not run: it stays waiting, and the connection starts over.
 		c.mu.Unlock()
+		cn.startOver(f)
 		return
-	}
-	if !ok && f.Error != nil && f.Error.Code == frames.CodeRateLimited && len(c.mutates) > 0 {
-		// Another frame was dropped over the rate, and mutates sent after
-		// it may have been dropped unanswered.
-		c.scheduleResendLocked(cn, 1)
 	}
 	if ok {
 		delete(c.mutates, f.Ref)
@@ -426,6 +428,30 @@ func (cn *conn) writeMsg(msg []byte) error {
 	return nil
 }
 
+// outOfStep reports whether ack says the server dropped a frame over its
+// rate (X_RATE_LIMITED: the first of a run is answered, the rest of the
+// run get no answer) or is missing a seq of this client's (X_SEQ_GAP,
+// after such a drop). The server then runs none of this client's later
+// mutates until it has the missing one, and a dropped subscribe was never
+// taken up.
+func outOfStep(ack *frames.Ack) bool {
+	return ack.Error != nil && (ack.Error.Code == frames.CodeRateLimited || ack.Error.Code == frames.CodeSeqGap)
+}
+
+// startOver ends a connection the server dropped frames on. With
+// Reconnect the next connection says hello with the lowest unacknowledged
+// seq, then sends every unacknowledged mutate again, in seq order, and
+// resubscribes from the cursors, as after any other end; without it the
+// Client ends, failing what is still waiting with this error.
+func (cn *conn) startOver(ack *frames.Ack) {
+	if cn.outOfStep != nil {
+		return
+	}
+	cn.outOfStep = fmt.Errorf("%w: %s for %q: %s", ErrOutOfStep, ack.Error.Code, ack.Ref, ack.Error.Cause)
+	cn.rlog.Info("client: the server dropped frames; starting the connection over", logKeyErr, cn.outOfStep)
+	cn.closeNow()
+}
+
 // newPace returns the writer's limiter for a server that takes rate frames
 // a second, burst at once: a tenth below the rate and half the burst, since
 // the network may bunch frames the writer spaced, less the token the
@@ -443,9 +469,13 @@ func (cn *conn) paceWait(n int) error {
 	if lim == nil {
 		return nil
 	}
+	var d time.Duration
 	now := cn.c.opts.Now()
-	r := lim.ReserveN(now, min(n, lim.Burst()))
-	d := r.DelayFrom(now)
+	for n > 0 { // a raw message (SendRaw) may hold more frames than the burst
+		k := min(n, lim.Burst())
+		d = max(d, lim.ReserveN(now, k).DelayFrom(now))
+		n -= k
+	}
 	if d <= 0 {
 		return nil
 	}
@@ -469,6 +499,19 @@ func (c *Client) hello(ctx context.Context) (*frames.Hello, error) {
 		Token:    o.Token,
 		ClientID: o.ClientID,
 		Epoch:    o.Epoch,
+	}
+	if o.ClientID != "" {
+		// Where this connection's mutates start: the lowest one not yet
+		// acknowledged (re-sent first), else the next. Every seq below it
+		// has been answered, so a node that expects less (the client
+		// published through another node meanwhile) continues there.
+		c.mu.Lock()
+		seq := c.seq
+		for _, m := range c.mutates {
+			seq = min(seq, m.seq)
+		}
+		c.mu.Unlock()
+		h.Seq = &seq
 	}
 	if o.TokenFunc != nil {
 		tctx, cancel := context.WithTimeout(ctx, o.WriteTimeout)

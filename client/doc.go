@@ -19,20 +19,25 @@
 // mutate's seq is assigned and its frame queued under one send lock, so
 // seqs reach the wire in order.
 //
-// # Pacing and resends
+// # Pacing and dropped frames
 //
 // A server that limits each session's frames says so in its hello
 // (frameRate, frameBurst; the gateway's -frame-rate and -frame-burst). The
 // writer then keeps below them, at nine tenths of the rate and half the
 // burst, waiting before a write that would go over: pipelined publishes
 // past the burst wait in the client rather than being dropped by the
-// server. A frame the server drops anyway, or a mutate it did not run for
-// lack of an earlier seq (X_RATE_LIMITED, X_SEQ_GAP) or for a failure of
-// its own (X_INTERNAL), leaves its seq spent: the Client sends every
-// mutate not yet acknowledged again, in seq order, after a pause (250 ms,
-// longer each time), and the server runs them in order and answers the
-// ones it already ran with their first ack. A mutate is sent again for
-// such answers at most five times, then fails with the last one.
+// server. Pacing makes drops rare, not impossible: the server counts
+// frames as it reads them, so a server whose reader stalled can find a
+// bunch. A frame it drops anyway (X_RATE_LIMITED: the first of a run is
+// answered, the rest are not) leaves the connection out of step: the
+// server runs none of this client's later mutates until it has the
+// dropped one (X_SEQ_GAP), and a dropped subscribe was never taken up.
+// The Client then ends that connection ([ErrOutOfStep]). With Reconnect
+// it starts over as after any other end: the next hello says the lowest
+// unacknowledged seq (hello.seq), every unacknowledged mutate is sent
+// again in seq order, and every subscription resumes from its cursor.
+// Without Reconnect the Client ends, and what waits fails with
+// ErrOutOfStep rather than waiting forever.
 //
 // # Callbacks and backpressure
 //

@@ -38,7 +38,7 @@ import (
 //     gets no answer (hold1: not taken up; dropack1: published, ack lost).
 //   - topic "limited1": on the fake's first session, the first publish is
 //     answered X_RATE_LIMITED and not taken up, as the gateway drops a
-//     frame over its rate; topic "limited": every publish, every time.
+//     frame over its rate.
 //   - topics "p:*" are persisted: a subscribe with a cursor replays what
 //     came after it; other topics answer a cursor with X_CURSOR_EXPIRED.
 //
@@ -346,8 +346,6 @@ func (fs *fakeServer) handleMutateLocked(fc *fakeConn, f *frames.Mutate, touched
 			// taken up, the seq does not advance.
 			fc.limited = true
 			return []frames.Frame{errAck(f.Key, frames.CodeRateLimited, "over the rate")}
-		case in.Topic == "limited":
-			return []frames.Frame{errAck(f.Key, frames.CodeRateLimited, "over the rate")} // every time
 		case in.Topic == "hold1" && fc.n == 1:
 			// Not taken up, nor anything after it on this connection (as
 			// if it never arrived): the seq does not advance.

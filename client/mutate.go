@@ -1,14 +1,10 @@
 package client
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
-	"maps"
-	"slices"
 	"strconv"
-	"time"
 
 	"github.com/syncgate/syncgate/frames"
 )
@@ -147,9 +143,10 @@ func (c *Client) sendMutate(ctx context.Context, encode func(key string, seq int
 		return nil, c.lastConn().endErr()
 	}
 	c.mutates[key] = m
-	c.mu.Unlock()
 	// From here the seq counts as sent: a failed write ends the connection.
+	// (Under mu too, so that hello can read it: see Client.hello.)
 	c.seq++
+	c.mu.Unlock()
 	if cn == nil {
 		return m, nil // queued until a connection takes over
 	}
@@ -199,77 +196,4 @@ func ackLSN(a *frames.Ack) string {
 		return ""
 	}
 	return *a.LSN
-}
-
-// An answer that says the server never ran a mutate (it dropped the frame
-// over its rate, was missing an earlier seq the same way, or failed
-// itself) leaves the mutate waiting: the seq is spent, and the server
-// runs nothing of the producer's until it has that seq. The Client sends
-// every unacknowledged mutate again, in seq order, after a pause; the
-// server answers the ones it already ran with their first ack (dropped
-// here as repeats), and runs the rest in order. A mutate is sent again at
-// most maxResends times for such answers, then fails with the last one.
-const maxResends = 5
-
-// resendPause is the pause before the first resend, one more of it for
-// each later one: time for the server's frame bucket to refill.
-const resendPause = 250 * time.Millisecond
-
-// resendable reports whether ack says the server did not run the mutate
-// it answers, so that it may run if sent again.
-func resendable(ack *frames.Ack) bool {
-	if ack.Error == nil {
-		return false
-	}
-	switch ack.Error.Code {
-	case frames.CodeRateLimited, frames.CodeSeqGap, frames.CodeInternal:
-		return true
-	}
-	return false
-}
-
-// scheduleResendLocked arranges for the unacknowledged mutates to go out
-// again on cn after attempt pauses, unless a resend is already due there.
-// Caller holds c.mu.
-func (c *Client) scheduleResendLocked(cn *conn, attempt int) {
-	if cn.resendDue || c.err != nil {
-		return
-	}
-	cn.resendDue = true
-	c.conns.Go(func() {
-		t := time.NewTimer(time.Duration(attempt) * resendPause)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-cn.done:
-		case <-c.closing:
-		}
-		c.resendMutates(cn)
-	})
-}
-
-// resendMutates posts every unacknowledged mutate on cn again, in seq
-// order, if cn is still where mutates go. Under the send lock, so the
-// resent seqs reach the wire before any newer one.
-func (c *Client) resendMutates(cn *conn) {
-	if c.lockSend(context.Background()) != nil {
-		return
-	}
-	defer c.unlockSend()
-	c.mu.Lock()
-	cn.resendDue = false
-	if c.cur != cn || cn.err != nil {
-		// Gone: a take-over sends the unacknowledged mutates on the next
-		// connection, or the Client has ended.
-		c.mu.Unlock()
-		return
-	}
-	ms := slices.SortedFunc(maps.Values(c.mutates), func(a, b *mutation) int { return cmp.Compare(a.seq, b.seq) })
-	c.mu.Unlock()
-	cn.rlog.Debug("client: sending unacknowledged mutates again", "count", len(ms))
-	for _, m := range ms {
-		if cn.post(m.msg) != nil {
-			return // the connection's end fails or re-sends them
-		}
-	}
 }

@@ -668,6 +668,10 @@ func (d *decoder) hello(o *object) *Hello {
 	if v := o.get("epoch"); v != nil && d.err == nil {
 		h.Epoch = d.intValue(o.at, "epoch", v, true)
 	}
+	if v := o.get("seq"); v != nil && d.err == nil {
+		n := d.intValue(o.at, "seq", v, true)
+		h.Seq = &n
+	}
 	if v := o.get("maxMessage"); v != nil && d.err == nil {
 		h.MaxMessage = d.intValue(o.at, "maxMessage", v, true)
 	}

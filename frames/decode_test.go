@@ -79,6 +79,8 @@ func TestDecode_Malformed(t *testing.T) {
 		{"hello epoch negative", hel + `"resume":[],"epoch":-1}`, CodeBadField, "", "hello.epoch"},
 		{"hello maxMessage negative", hel + `"resume":[],"maxMessage":-1}`, CodeBadField, "", "hello.maxMessage"},
 		{"hello maxMessage string", hel + `"resume":[],"maxMessage":"64k"}`, CodeBadField, "", "hello.maxMessage"},
+		{"hello seq negative", hel + `"resume":[],"seq":-1}`, CodeBadField, "", "hello.seq"},
+		{"hello seq string", hel + `"resume":[],"seq":"3"}`, CodeBadField, "", "hello.seq"},
 		{"hello frameRate negative", hel + `"resume":[],"frameRate":-1}`, CodeBadField, "", "hello.frameRate"},
 		{"hello frameRate string", hel + `"resume":[],"frameRate":"fast"}`, CodeBadField, "", "hello.frameRate"},
 		{"hello frameRate huge", hel + `"resume":[],"frameRate":1e999}`, CodeBadField, "", "hello.frameRate"},
@@ -150,6 +152,7 @@ func TestDecode_Frames(t *testing.T) {
 	cursor := Cursor{QID: "topic:room-1", LSN: "0000000000000000_0000000000000042", Digest: "", IDs: []string{}, At: 1767225600000}
 	want := map[string]Frame{
 		"hello/client":      &Hello{BuildID: "web-2026.08.1", Resume: []Cursor{cursor}, ClientID: "tab-7f3a", Epoch: 2},
+		"hello/client-seq":  &Hello{Resume: []Cursor{}, ClientID: "c", Seq: new(int64)},
 		"hello/server":      &Hello{BuildID: "srv-1", SessionID: ptr("s_91"), Resume: []Cursor{}, MaxMessage: 65536, FrameRate: 1000, FrameBurst: 2000},
 		"hello/server-slow": &Hello{BuildID: "srv-1", SessionID: ptr("s_92"), Resume: []Cursor{}, FrameRate: 0.5, FrameBurst: 1},
 		"subscribe/topic": &Subscribe{Op: OpAdd, SID: "s1",

@@ -74,6 +74,11 @@ type Hello struct {
 	Token     string   `json:"token,omitempty"`
 	ClientID  string   `json:"clientId,omitempty"`
 	Epoch     int64    `json:"epoch,omitempty"`
+	// Seq is sent by a client with a ClientID: the seq of the first mutate
+	// this connection will carry (its lowest unacknowledged one, else its
+	// next), every seq below it having been answered. The server's
+	// producer continues there if it expected less. Nil: not said.
+	Seq *int64 `json:"seq,omitempty"`
 	// MaxMessage is sent by the server: the largest client message in
 	// bytes it accepts (larger ones are closed with 1009), so that a
 	// client batching its frames knows how far it may go.

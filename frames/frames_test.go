@@ -16,6 +16,7 @@ var validLines = []struct {
 	line string
 }{
 	{"hello/client", `{"type":"hello","v":1,"buildId":"web-2026.08.1","sessionId":null,"actorId":null,"resume":[{"qid":"topic:room-1","lsn":"0000000000000000_0000000000000042","digest":"","ids":[],"count":0,"at":1767225600000}],"clientId":"tab-7f3a","epoch":2}`},
+	{"hello/client-seq", `{"type":"hello","v":1,"buildId":"","sessionId":null,"actorId":null,"resume":[],"clientId":"c","seq":0}`},
 	{"hello/server", `{"type":"hello","v":1,"buildId":"srv-1","sessionId":"s_91","actorId":null,"resume":[],"maxMessage":65536,"frameRate":1000,"frameBurst":2000}`},
 	{"hello/server-slow", `{"type":"hello","v":1,"buildId":"srv-1","sessionId":"s_92","actorId":null,"resume":[],"frameRate":0.5,"frameBurst":1}`},
 	{"subscribe/topic", `{"type":"subscribe","v":1,"op":"add","sid":"s1","target":{"kind":"topic","topic":"room-1","cursor":null}}`},

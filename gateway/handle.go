@@ -54,6 +54,10 @@ func (s *session) handleLine(ctx context.Context, line []byte) {
 	}
 }
 
+// retryAsNewMutate is the fix of a mutate's X_INTERNAL: the outcome is
+// recorded under its seq, so a retry of the seq gets it again.
+const retryAsNewMutate = "retry later as a new mutate (the next seq): this outcome is recorded, so the same seq gets it again"
+
 // maxIDLen bounds the client-chosen identifiers the server keeps: a
 // subscription's sid and a mutate's key and name (the producer remembers
 // recent keys, so their size is memory a client could otherwise pin).
@@ -131,6 +135,9 @@ func (s *session) handleFrameHello(f *frames.Hello) {
 	if f.ClientID != "" {
 		s.prodName = producerName(st.actorID, f.ClientID)
 		s.prod = s.srv.producers.acquire(s.prodName, f.Epoch)
+		if f.Seq != nil {
+			s.prod.advance(f.Epoch, *f.Seq)
+		}
 	} // else the session is its own producer, made at its first mutate
 	s.helloDone.Store(true)
 	s.helloTimer.Stop()
@@ -253,7 +260,11 @@ func (s *session) logError(ref, op, topic string, err error) *frames.Error {
 		return frames.NewError(frames.CodeBadInput, ref, "mutate.input.data is larger than the log accepts", "send smaller messages")
 	}
 	s.log().Warn(op+" on a persisted topic failed", "topic", topic, "err", err)
-	return frames.NewError(frames.CodeInternal, ref, "the server could not "+op+" on topic "+quote(topic), "retry the same frame later")
+	fix := "retry the same frame later"
+	if op == "publish" {
+		fix = retryAsNewMutate // recorded like any outcome
+	}
+	return frames.NewError(frames.CodeInternal, ref, "the server could not "+op+" on topic "+quote(topic), fix)
 }
 
 // publishInput reads the input of the built-in "publish" mutation,
@@ -276,9 +287,7 @@ func (s *session) handleFrameMutate(ctx context.Context, f *frames.Mutate) {
 	if s.prod == nil {
 		s.prod = newProducer(s.epoch, s.srv.cfg.ProducerWindow)
 	}
-	fresh := !s.prodUsed
-	s.prodUsed = true
-	s.prod.run(s.epoch, fresh, f, s.sendOutcome, func() (outcome, <-chan outcome) {
+	s.prod.run(s.epoch, f, s.sendOutcome, func() (outcome, <-chan outcome) {
 		return s.mutate(ctx, f)
 	})
 }
@@ -312,7 +321,7 @@ func (s *session) mutate(ctx context.Context, f *frames.Mutate) (outcome, <-chan
 	lsn, err := s.srv.publish(ctx, topic, s.actorID(), data)
 	if err != nil {
 		s.log().Warn("publish failed", "topic", topic, "err", err)
-		o.err = frames.NewError(frames.CodeInternal, f.Key, "the server could not publish", "retry the same mutate (same key and seq) later")
+		o.err = frames.NewError(frames.CodeInternal, f.Key, "the server could not publish", retryAsNewMutate)
 		return o, nil
 	}
 	o.lsn = lsn

@@ -85,12 +85,7 @@ func (p *producer) resetLocked(epoch int64) {
 // order, but a later mutate's ack may overtake a pending one's. At most
 // window/2 mutates of a producer are pending; beyond that run waits for
 // the outcome before it returns.
-//
-// fresh says f is the first mutate of its session: a client-named
-// producer then continues at f.Seq when that is beyond the seq this node
-// expects, since the client may have published through another node
-// since its last connection here (A, then B, then A again).
-func (p *producer) run(epoch int64, fresh bool, f *frames.Mutate, reply func(outcome), exec func() (outcome, <-chan outcome)) {
+func (p *producer) run(epoch int64, f *frames.Mutate, reply func(outcome), exec func() (outcome, <-chan outcome)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
@@ -102,11 +97,11 @@ func (p *producer) run(epoch int64, fresh bool, f *frames.Mutate, reply func(out
 	case epoch > p.epoch:
 		p.resetLocked(epoch)
 	}
-	if p.clientID != "" && (!p.started || fresh && f.Seq > p.next) {
+	if !p.started && p.clientID != "" {
 		// A client-named producer this node has no record of (new here,
-		// forgotten, or the node restarted), or whose record a new
-		// connection has overtaken, continues at the seq it presents;
-		// persisted appends are still deduplicated by the log.
+		// forgotten, or the node restarted), whose client did not say in
+		// its hello where it stands (advance), continues at the seq it
+		// presents; persisted appends are still deduplicated by the log.
 		p.next = f.Seq
 	}
 	p.started = true
@@ -139,12 +134,6 @@ func (p *producer) run(epoch int64, fresh bool, f *frames.Mutate, reply func(out
 			}
 		}
 	}
-	if o.err != nil && o.err.Code == frames.CodeInternal {
-		// The server failed, not the mutation: nothing is recorded, so a
-		// retry of the same seq runs it again.
-		reply(o)
-		return
-	}
 	o.seq = f.Seq
 	p.recordLocked(o)
 	p.next++
@@ -152,10 +141,7 @@ func (p *producer) run(epoch int64, fresh bool, f *frames.Mutate, reply func(out
 }
 
 // startPendingLocked records f as pending and answers it when later
-// delivers. An X_INTERNAL outcome stays recorded (unlike a synchronous
-// one): the seqs after it may have run, so it cannot be run again in
-// order. It only comes from a log that failed or closed, when the node is
-// going down.
+// delivers.
 func (p *producer) startPendingLocked(f *frames.Mutate, later <-chan outcome, reply func(outcome)) {
 	w := &pendingOutcome{done: make(chan struct{})}
 	p.recordLocked(outcome{seq: f.Seq, key: f.Key, wait: w})
@@ -170,6 +156,23 @@ func (p *producer) startPendingLocked(f *frames.Mutate, later <-chan outcome, re
 		p.mu.Unlock()
 		reply(w.o)
 	}()
+}
+
+// advance applies a hello's seq on epoch: every seq below it has been
+// answered (here or by another node), and it is the first this
+// connection will send. A producer that expects less continues there (the
+// client published through another node meanwhile: A, then B, then A); a
+// new record starts there. Never backwards, and never on a stale epoch.
+func (p *producer) advance(epoch, seq int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if epoch != p.epoch {
+		return // fenced (lower); a higher one was reset by acquire
+	}
+	if !p.started || seq > p.next {
+		p.next = seq
+	}
+	p.started = true
 }
 
 func (p *producer) lookupLocked(seq int64) (outcome, bool) {

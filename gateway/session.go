@@ -38,7 +38,6 @@ type session struct {
 	prodName   string // producerName of the session's actor and clientID, "" without one
 	epoch      int64
 	prod       *producer
-	prodUsed   bool // a mutate of this session has reached prod
 
 	// Guarded by srv.buildMu (update.go): the build the client's hello
 	// named, and whether the hello was answered.
