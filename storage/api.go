@@ -94,8 +94,8 @@ type Info struct {
 	// the time since the last append or read (0 without a TTL).
 	TTLLeft time.Duration
 
-	Tail         string // offset after the last record; ZeroOffset when empty
-	CreatedAt    time.Time
+	Tail      string // offset after the last record; ZeroOffset when empty
+	CreatedAt time.Time
 
 	// Pruned is the offset up to which retention removed records the
 	// stream reads (its own, or, from Head, a fork's sources' too;
