@@ -357,6 +357,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("gateway: AdminToken must be at least %d bytes", minAdminToken)
 	case len(c.Persist) > 0 && c.Log == nil:
 		return c, fmt.Errorf("gateway: Persist needs a Log")
+	case c.MaxFrameBytes > 1<<30:
+		return c, fmt.Errorf("gateway: MaxFrameBytes (%d) is over 1 GiB", c.MaxFrameBytes)
 	case int64(c.SendQueueBytes) < 2*c.MaxFrameBytes:
 		// A patch carries a client's message plus its row and frame
 		// wrapping, so one queue must hold more than one client message.

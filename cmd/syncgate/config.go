@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"path"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -82,6 +81,24 @@ func durationSetting(p func(*config) *time.Duration) func(*config, string) error
 	}
 }
 
+// positiveDurationSetting is durationSetting for settings where 0 means
+// nothing sensible (the gateway would quietly take its default instead).
+func positiveDurationSetting(p func(*config) *time.Duration) func(*config, string) error {
+	return func(c *config, v string) error {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("want a duration above 0 like 500ms or 10s, got %q", v)
+		}
+		*p(c) = d
+		return nil
+	}
+}
+
+// maxFrameLimit bounds max-frame: far above any sane message, and low
+// enough that sizes derived from it (twice it, for the send queue) cannot
+// overflow.
+const maxFrameLimit = 1 << 30
+
 // int64Setting parses a non-negative integer (0 meaning "no bound").
 func int64Setting(p func(*config) *int64) func(*config, string) error {
 	return func(c *config, v string) error {
@@ -124,7 +141,7 @@ var settings = []setting{
 			return nil
 		}},
 	{"long-poll-timeout", "SYNCGATE_LONG_POLL_TIMEOUT", "30s", "how long a Durable Streams long-poll read waits for data before answering 204",
-		durationSetting(func(c *config) *time.Duration { return &c.Gateway.LongPollTimeout })},
+		positiveDurationSetting(func(c *config) *time.Duration { return &c.Gateway.LongPollTimeout })},
 	{"max-append", "SYNCGATE_MAX_APPEND", "8388608", "largest Durable Streams append body in bytes (HTTP 413 above it)",
 		func(c *config, v string) error {
 			n, err := strconv.ParseInt(v, 10, 64)
@@ -144,12 +161,12 @@ var settings = []setting{
 	{"build-id", "SYNCGATE_BUILD_ID", "", "current app build id, sent in hello; a client whose hello names another build gets update-available (change it at runtime with POST /v1/admin/build)",
 		func(c *config, v string) error { c.Gateway.BuildID = v; return nil }},
 	{"hello-timeout", "SYNCGATE_HELLO_TIMEOUT", "10s", "time a new connection has to send hello (else close 1008)",
-		durationSetting(func(c *config) *time.Duration { return &c.Gateway.HelloTimeout })},
+		positiveDurationSetting(func(c *config) *time.Duration { return &c.Gateway.HelloTimeout })},
 	{"max-frame", "SYNCGATE_MAX_FRAME", "65536", "largest client message in bytes (else close 1009)",
 		func(c *config, v string) error {
 			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || n < 256 {
-				return fmt.Errorf("want an integer of at least 256, got %q", v)
+			if err != nil || n < 256 || n > maxFrameLimit {
+				return fmt.Errorf("want an integer from 256 to %d (1 GiB), got %q", maxFrameLimit, v)
 			}
 			c.Gateway.MaxFrameBytes = n
 			return nil
@@ -161,11 +178,11 @@ var settings = []setting{
 	{"send-queue-bytes", "SYNCGATE_SEND_QUEUE_BYTES", "4194304", "bytes queued per session before it is closed as a slow consumer (4001)",
 		intSetting(func(c *config) *int { return &c.Gateway.SendQueueBytes })},
 	{"write-timeout", "SYNCGATE_WRITE_TIMEOUT", "10s", "deadline for every network write",
-		durationSetting(func(c *config) *time.Duration { return &c.Gateway.WriteTimeout })},
+		positiveDurationSetting(func(c *config) *time.Duration { return &c.Gateway.WriteTimeout })},
 	{"ping-interval", "SYNCGATE_PING_INTERVAL", "25s", "how often an otherwise silent session is pinged",
-		durationSetting(func(c *config) *time.Duration { return &c.Gateway.PingInterval })},
+		positiveDurationSetting(func(c *config) *time.Duration { return &c.Gateway.PingInterval })},
 	{"pong-timeout", "SYNCGATE_PONG_TIMEOUT", "10s", "close a session whose pong is this late (4002)",
-		durationSetting(func(c *config) *time.Duration { return &c.Gateway.PongTimeout })},
+		positiveDurationSetting(func(c *config) *time.Duration { return &c.Gateway.PongTimeout })},
 	{"write-budget", "SYNCGATE_WRITE_BUDGET", "auto", "WebSocket messages per second the node aims to stay under by batching busy sessions' frames (auto: 50000 per core)",
 		func(c *config, v string) error {
 			if v == "auto" {
@@ -222,11 +239,11 @@ var settings = []setting{
 	{"max-subscriptions", "SYNCGATE_MAX_SUBSCRIPTIONS", "128", "active subscriptions per session",
 		intSetting(func(c *config) *int { return &c.Gateway.MaxSubscriptions })},
 	{"presence-ttl", "SYNCGATE_PRESENCE_TTL", "30s", "how long a presence member stays after its socket or node vanished; live sessions refresh theirs every third of it",
-		durationSetting(func(c *config) *time.Duration { return &c.Gateway.PresenceTTL })},
+		positiveDurationSetting(func(c *config) *time.Duration { return &c.Gateway.PresenceTTL })},
 	{"presence-window", "SYNCGATE_PRESENCE_WINDOW", "100ms", "presence coalescing window: a topic's joins, updates and leaves reach subscribers at most once per window, batched",
-		durationSetting(func(c *config) *time.Duration { return &c.Gateway.PresenceWindow })},
+		positiveDurationSetting(func(c *config) *time.Duration { return &c.Gateway.PresenceWindow })},
 	{"presence-leave-grace", "SYNCGATE_PRESENCE_LEAVE_GRACE", "1s", "how long a member must stay gone before subscribers see it leave; a rejoin inside it (reload, reconnect) is no flap. At least presence-window",
-		durationSetting(func(c *config) *time.Duration { return &c.Gateway.PresenceLeaveGrace })},
+		positiveDurationSetting(func(c *config) *time.Duration { return &c.Gateway.PresenceLeaveGrace })},
 	{"allowed-origins", "SYNCGATE_ALLOWED_ORIGINS", "", "comma-separated Origin patterns allowed besides the request's own host: host[:port] (app.example.com, localhost:5173), *.domain (any subdomain, never domain itself), optionally https:// or http:// in front to pin the scheme; no other wildcard, never null",
 		func(c *config, v string) error {
 			c.Gateway.AllowedOrigins = nil
@@ -404,6 +421,10 @@ var settings = []setting{
 			if v != "" && len(v) < 16 {
 				return fmt.Errorf("want at least 16 bytes (e.g. openssl rand -hex 32), got %d", len(v))
 			}
+			if strings.TrimSpace(v) != v {
+				// A client's token is trimmed, so this one could never match.
+				return fmt.Errorf("the token starts or ends with whitespace (a newline from a file?): remove it")
+			}
 			c.Gateway.AdminToken = v
 			return nil
 		}},
@@ -490,57 +511,67 @@ func loadYAML(c *config, path string) error {
 	if err != nil {
 		return fmt.Errorf("config file: %w", err)
 	}
-	var m map[string]any
-	if err := yaml.Unmarshal(b, &m); err != nil {
+	// Decoded as nodes, not into Go values: a value is taken as written,
+	// as a flag would take it (build-id: 1.10 stays "1.10", not 1.1).
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
 		return fmt.Errorf("config file %s: %w", path, err)
+	}
+	if len(doc.Content) == 0 {
+		return nil // empty file
+	}
+	root := doc.Content[0]
+	if root.Kind != yaml.MappingNode {
+		return fmt.Errorf("config file %s: want a mapping of setting names to values", path)
 	}
 	byName := map[string]setting{}
 	for _, s := range settings {
 		byName[s.name] = s
 	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	seen := map[string]bool{}
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k, vn := root.Content[i].Value, root.Content[i+1]
 		s, ok := byName[k]
 		if !ok {
-			return fmt.Errorf("config file %s: unknown key %q (keys are the flag names, e.g. addr, hello-timeout)", path, k)
+			return fmt.Errorf("config file %s: line %d: unknown key %q (keys are the flag names, e.g. addr, hello-timeout)", path, root.Content[i].Line, k)
 		}
-		v, err := yamlScalar(m[k])
+		if seen[k] {
+			return fmt.Errorf("config file %s: line %d: key %s appears twice", path, root.Content[i].Line, k)
+		}
+		seen[k] = true
+		v, err := yamlScalar(vn)
 		if err == nil {
 			err = s.set(c, v)
 		}
 		if err != nil {
-			return fmt.Errorf("config file %s: key %s: %w", path, k, err)
+			return fmt.Errorf("config file %s: line %d: key %s: %w", path, vn.Line, k, err)
 		}
 	}
 	return nil
 }
 
-// yamlScalar turns a YAML value into the string a flag would take; a list
-// becomes a comma-separated string.
-func yamlScalar(v any) (string, error) {
-	switch v := v.(type) {
-	case string:
-		return v, nil
-	case int, int64, uint64, float64, bool:
-		return fmt.Sprint(v), nil
-	case nil:
-		return "", nil
-	case []any:
-		parts := make([]string, len(v))
-		for i, e := range v {
-			s, err := yamlScalar(e)
-			if err != nil {
-				return "", err
+// yamlScalar returns the text of a YAML scalar as written, the string a
+// flag would take ("" for null); a list becomes a comma-separated string.
+func yamlScalar(n *yaml.Node) (string, error) {
+	switch n.Kind {
+	case yaml.ScalarNode:
+		if n.Tag == "!!null" {
+			return "", nil
+		}
+		return n.Value, nil
+	case yaml.SequenceNode:
+		parts := make([]string, len(n.Content))
+		for i, e := range n.Content {
+			if e.Kind != yaml.ScalarNode {
+				return "", fmt.Errorf("want a list of scalars")
 			}
-			parts[i] = s
+			parts[i] = e.Value
 		}
 		return strings.Join(parts, ","), nil
+	case yaml.AliasNode:
+		return yamlScalar(n.Alias)
 	}
-	return "", fmt.Errorf("want a scalar or a list, got %T", v)
+	return "", fmt.Errorf("want a scalar or a list")
 }
 
 func (c *config) validate() error {

@@ -118,6 +118,40 @@ func TestParseConfig_StreamLog(t *testing.T) {
 	}
 }
 
+// TestParseConfig_YAMLTakesValuesAsWritten: a YAML value is the text a
+// flag would take, whatever type YAML would give it (1.10 is not 1.1, a
+// long digit string is not a float, a date is a string).
+func TestParseConfig_YAMLTakesValuesAsWritten(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	file := filepath.Join(dir, "syncgate.yaml")
+	yaml := "build-id: 1.10\njwt-audience: 0755\nadmin-token: 1234567890123456789012345\n"
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := parseConfig(nil, env(map[string]string{"SYNCGATE_CONFIG": file}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Gateway.BuildID != "1.10" || c.JWTAudience != "0755" || c.Gateway.AdminToken != "1234567890123456789012345" {
+		t.Fatalf("build-id %q, jwt-audience %q, admin-token %q: want them as written", c.Gateway.BuildID, c.JWTAudience, c.Gateway.AdminToken)
+	}
+	date := filepath.Join(dir, "date.yaml")
+	if err := os.WriteFile(date, []byte("build-id: 2026-01-05\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := parseConfig(nil, env(map[string]string{"SYNCGATE_CONFIG": date}), io.Discard); err != nil || c.Gateway.BuildID != "2026-01-05" {
+		t.Fatalf("a date as build-id: %q, %v", c.Gateway.BuildID, err)
+	}
+	twice := filepath.Join(dir, "twice.yaml")
+	if err := os.WriteFile(twice, []byte("addr: 127.0.0.1:1\naddr: 127.0.0.1:2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := parseConfig(nil, env(map[string]string{"SYNCGATE_CONFIG": twice}), io.Discard); err == nil || !strings.Contains(err.Error(), "addr") {
+		t.Fatalf("a key twice: %v, want an error naming it", err)
+	}
+}
+
 func TestParseConfig_Errors(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -148,6 +182,10 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"writers word", []string{"-writers", "many"}, nil, "-writers"},
 		{"overload delay zero", []string{"-overload-write-delay", "0s"}, nil, "-overload-write-delay"},
 		{"write delay over 10s", []string{"-max-write-delay", "11s"}, nil, "-max-write-delay"},
+		{"hello timeout zero", []string{"-hello-timeout", "0s"}, nil, "-hello-timeout"},
+		{"presence ttl zero", nil, map[string]string{"SYNCGATE_PRESENCE_TTL": "0"}, "SYNCGATE_PRESENCE_TTL"},
+		{"max frame huge", nil, map[string]string{"SYNCGATE_MAX_FRAME": "9000000000000000000"}, "SYNCGATE_MAX_FRAME"},
+		{"admin token with a newline", nil, map[string]string{"SYNCGATE_ADMIN_TOKEN": "0123456789abcdef0123\n"}, "SYNCGATE_ADMIN_TOKEN"},
 		{"overload delay word", nil, map[string]string{"SYNCGATE_OVERLOAD_WRITE_DELAY": "long"}, "SYNCGATE_OVERLOAD_WRITE_DELAY"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
