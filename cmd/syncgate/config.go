@@ -159,7 +159,15 @@ var settings = []setting{
 	{"retention-max-records", "SYNCGATE_RETENTION_MAX_RECORDS", "0", "default retention: oldest records are pruned above this many records per stream (0: no bound)",
 		int64Setting(func(c *config) *int64 { return &c.Retention.MaxRecords })},
 	{"build-id", "SYNCGATE_BUILD_ID", "", "current app build id, sent in hello; a client whose hello names another build gets update-available (change it at runtime with POST /v1/admin/build)",
-		func(c *config, v string) error { c.Gateway.BuildID = v; return nil }},
+		func(c *config, v string) error {
+			if len(v) > 256 {
+				// A client hello's buildId is refused beyond it, so no
+				// client could ever be on this build.
+				return fmt.Errorf("want at most 256 bytes, got %d", len(v))
+			}
+			c.Gateway.BuildID = v
+			return nil
+		}},
 	{"hello-timeout", "SYNCGATE_HELLO_TIMEOUT", "10s", "time a new connection has to send hello (else close 1008)",
 		positiveDurationSetting(func(c *config) *time.Duration { return &c.Gateway.HelloTimeout })},
 	{"max-frame", "SYNCGATE_MAX_FRAME", "65536", "largest client message in bytes (else close 1009)",

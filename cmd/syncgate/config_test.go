@@ -183,6 +183,7 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"overload delay zero", []string{"-overload-write-delay", "0s"}, nil, "-overload-write-delay"},
 		{"write delay over 10s", []string{"-max-write-delay", "11s"}, nil, "-max-write-delay"},
 		{"hello timeout zero", []string{"-hello-timeout", "0s"}, nil, "-hello-timeout"},
+		{"build id too long", []string{"-build-id", strings.Repeat("b", 257)}, nil, "-build-id"},
 		{"presence ttl zero", nil, map[string]string{"SYNCGATE_PRESENCE_TTL": "0"}, "SYNCGATE_PRESENCE_TTL"},
 		{"max frame huge", nil, map[string]string{"SYNCGATE_MAX_FRAME": "9000000000000000000"}, "SYNCGATE_MAX_FRAME"},
 		{"admin token with a newline", nil, map[string]string{"SYNCGATE_ADMIN_TOKEN": "0123456789abcdef0123\n"}, "SYNCGATE_ADMIN_TOKEN"},

@@ -211,3 +211,20 @@ func TestConfig_SecretRedacted(t *testing.T) {
 		}
 	}
 }
+
+// TestRun_BadTLSFileIsAStartError: a certificate that cannot be loaded
+// stops the start with an error naming the settings, before anything
+// listens (it used to fail after "listening" was printed).
+func TestRun_BadTLSFileIsAStartError(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	missing := filepath.Join(t.TempDir(), "nope.pem")
+	err := run(t.Context(), []string{"-addr", "127.0.0.1:0", "-data-dir", t.TempDir(), "-tls-cert", missing, "-tls-key", missing},
+		env(nil), &out, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "tls-cert (SYNCGATE_TLS_CERT)") {
+		t.Fatalf("run = %v, want an error naming tls-cert", err)
+	}
+	if strings.Contains(out.String(), "listening") {
+		t.Fatalf("printed %q before failing", out.String())
+	}
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -44,22 +45,36 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err := setVerifier(cfg, log); err != nil {
 		return err
 	}
+	var tlsConfig *tls.Config
+	if cfg.TLSCert != "" {
+		// Loaded before anything starts, so a bad file is a start error
+		// naming its settings, not a stop after "listening".
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		if err != nil {
+			return fmt.Errorf("tls-cert (SYNCGATE_TLS_CERT), tls-key (SYNCGATE_TLS_KEY): %w", err)
+		}
+		tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
 	gw, err := gateway.New(cfg.Gateway)
 	if err != nil {
 		return err
-	}
-	ln, err := net.Listen("tcp", cfg.Addr)
-	if err != nil {
-		return fmt.Errorf("addr (SYNCGATE_ADDR): %w", err)
 	}
 	hs := &http.Server{
 		Handler:           gw.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		TLSConfig:         tlsConfig,
+	}
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		_ = gw.Shutdown(context.Background())
+		return fmt.Errorf("addr (SYNCGATE_ADDR): %w", err)
 	}
 	if cfg.DebugAddr != "" {
 		stopDebug, err := serveDebug(cfg.DebugAddr, log)
 		if err != nil {
+			_ = ln.Close()
+			_ = gw.Shutdown(context.Background())
 			return err
 		}
 		defer stopDebug()
@@ -68,7 +83,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	scheme, ws := "http", "ws"
 	if cfg.TLSCert != "" {
 		scheme, ws = "https", "wss"
-		go func() { served <- hs.ServeTLS(ln, cfg.TLSCert, cfg.TLSKey) }()
+		go func() { served <- hs.ServeTLS(ln, "", "") }() // hs.TLSConfig holds the pair
 	} else {
 		go func() { served <- hs.Serve(ln) }()
 	}
