@@ -41,7 +41,10 @@ import (
 // queue the replayer has kept below half full, so they always fit.
 const replayHold = 4096
 
-// replayPage bounds one log read during replay and tailing.
+// replayPage bounds one log read during replay and tailing. A replay
+// reads at most a quarter of the send queue at once: it queues a page
+// whole onto a queue it keeps below half, and at its end the held live
+// patches (another quarter at most), so the queue never overflows.
 const replayPage = 256 << 10
 
 // replayFrameOps and replayFrameBytes bound one patch frame of a replay.
@@ -695,7 +698,7 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 				onReset()
 				continue
 			}
-			res, err := srv.cfg.Log.Read(ctx, sub.topic, after, replayPage)
+			res, err := srv.cfg.Log.Read(ctx, sub.topic, after, min(replayPage, srv.cfg.SendQueueBytes/4))
 			if ctx.Err() != nil {
 				return
 			}
