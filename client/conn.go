@@ -297,6 +297,16 @@ func (cn *conn) handleFrameAck(f *frames.Ack) {
 		// Whatever it answers, frames sent after it may have been
 		// dropped with no answer at all.
 		defer cn.startOver(f)
+		if c.opts.Reconnect {
+			// A dropped subscribe (or drop) is not refused: it waits,
+			// and the connection's end makes the next one send it again.
+			c.mu.Lock()
+			_, waiting := cn.pending[f.Ref]
+			c.mu.Unlock()
+			if waiting {
+				return
+			}
+		}
 	}
 	c.mu.Lock()
 	if ws := cn.pending[f.Ref]; len(ws) > 0 {

@@ -29,15 +29,17 @@
 // server. Pacing makes drops rare, not impossible: the server counts
 // frames as it reads them, so a server whose reader stalled can find a
 // bunch. A frame it drops anyway (X_RATE_LIMITED: the first of a run is
-// answered, the rest are not) leaves the connection out of step: the
+// answered, then at most one per 100 ms, the rest not at all) leaves the
+// connection out of step: the
 // server runs none of this client's later mutates until it has the
 // dropped one (X_SEQ_GAP), and a dropped subscribe was never taken up.
 // The Client then ends that connection ([ErrOutOfStep]). With Reconnect
 // it starts over as after any other end: the next hello says the lowest
 // unacknowledged seq (hello.seq), every unacknowledged mutate is sent
 // again in seq order, and every subscription resumes from its cursor.
-// Without Reconnect the Client ends, and what waits fails with
-// ErrOutOfStep rather than waiting forever.
+// A subscribe or drop answered X_RATE_LIMITED is sent again there too,
+// not refused. Without Reconnect the Client ends, and what waits fails
+// with ErrOutOfStep rather than waiting forever.
 //
 // # Callbacks and backpressure
 //

@@ -38,7 +38,8 @@ import (
 //     gets no answer (hold1: not taken up; dropack1: published, ack lost).
 //   - topic "limited1": on the fake's first session, the first publish is
 //     answered X_RATE_LIMITED and not taken up, as the gateway drops a
-//     frame over its rate.
+//     frame over its rate. Topics ending "limitedsub1" ("limitedsub2"): a
+//     subscribe on the fake's first (second) session, likewise.
 //   - topics "p:*" are persisted: a subscribe with a cursor replays what
 //     came after it; other topics answer a cursor with X_CURSOR_EXPIRED.
 //
@@ -271,6 +272,9 @@ func (fs *fakeServer) handleSubscribeLocked(fc *fakeConn, f *frames.Subscribe) [
 		return nil
 	case topic == "forbidden":
 		return []frames.Frame{errAck(f.SID, frames.CodeBadTopic, "target.topic: forbidden")}
+	case f.Op == frames.OpAdd && (strings.HasSuffix(topic, "limitedsub1") && fc.n == 1 || strings.HasSuffix(topic, "limitedsub2") && fc.n == 2):
+		// Dropped over the rate, as the gateway drops a frame.
+		return []frames.Frame{errAck(f.SID, frames.CodeRateLimited, "over the rate")}
 	case f.Op == frames.OpDrop:
 		if _, ok := fc.subs[f.SID]; !ok {
 			return []frames.Frame{errAck(f.SID, frames.CodeNotSubscribed, "sid: not subscribed")}

@@ -500,3 +500,35 @@ func TestReconnect_CloseDuringTakeOver(t *testing.T) {
 		t.Errorf("Subscribe = %v, want net.ErrClosed", err)
 	}
 }
+
+// With Reconnect a subscribe the server dropped over its rate is not a
+// refusal: the connection starts over and the subscribe is sent again on
+// the next one, both for a new Subscribe and for a resubscribe during a
+// take-over (which must not end a live subscription).
+func TestReconnect_RateLimitedSubscribeIsSentAgain(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	t.Run("new", func(t *testing.T) {
+		c := dialReconnect(t, newFakeServer(t).url(), &client.Options{Sleep: (&sleeps{}).sleep})
+		if _, err := c.Subscribe(ctx, "limitedsub1", nil, nil); err != nil {
+			t.Fatalf("Subscribe dropped on the first connection: %v", err)
+		}
+	})
+	t.Run("resubscribe", func(t *testing.T) {
+		fs := newFakeServer(t)
+		c := dialReconnect(t, fs.url(), &client.Options{Sleep: (&sleeps{}).sleep})
+		first := recv(t, ctx, fs.conns)
+		// Persisted ("p:"), so a patch published while the resubscribe
+		// was dropped is replayed from the cursor on connection 3.
+		sub, err := c.Subscribe(ctx, "p:limitedsub2", nil, nil) // live on connection 1
+		noErr(t, err)
+		noErr(t, first.Close(websocket.StatusGoingAway, "restart"))
+		// Connection 2 drops the resubscribe; connection 3 takes it.
+		if _, err := c.Publish(ctx, "p:limitedsub2", json.RawMessage(`1`)); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := <-sub.Patches(); !ok {
+			t.Fatal("Patches closed: a dropped resubscribe ended the subscription")
+		}
+	})
+}

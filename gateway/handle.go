@@ -56,7 +56,7 @@ func (s *session) handleLine(ctx context.Context, line []byte) {
 
 // retryAsNewMutate is the fix of a mutate's X_INTERNAL: the outcome is
 // recorded under its seq, so a retry of the seq gets it again.
-const retryAsNewMutate = "retry later as a new mutate (the next seq): this outcome is recorded, so the same seq gets it again"
+const retryAsNewMutate = "retry later as a new mutate (the next seq and a new key): this outcome is recorded, so the same seq or key gets it again"
 
 // maxIDLen bounds the client-chosen identifiers the server keeps: a
 // subscription's sid and a mutate's key and name (the producer remembers
@@ -287,7 +287,9 @@ func (s *session) handleFrameMutate(ctx context.Context, f *frames.Mutate) {
 	if s.prod == nil {
 		s.prod = newProducer(s.epoch, s.srv.cfg.ProducerWindow)
 	}
-	s.prod.run(s.epoch, f, s.sendOutcome, func() (outcome, <-chan outcome) {
+	first := !s.mutated && !s.dropped
+	s.mutated = true
+	s.prod.run(s.epoch, first, f, s.sendOutcome, func() (outcome, <-chan outcome) {
 		return s.mutate(ctx, f)
 	})
 }

@@ -77,6 +77,7 @@ func (s *session) allowFrame(now time.Time) bool {
 // It returns how long the reader should pause before its next read.
 func (s *session) rateLimited(line []byte, now time.Time) time.Duration {
 	s.srv.metrics.framesRateLimited.Inc()
+	s.dropped = true
 	s.limitedDrops++
 	if s.limitedLast == s.limitedSince || s.limitedLast-s.limitedSent >= int64(rateLimitAnswerEvery) {
 		ref := ""

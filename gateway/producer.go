@@ -85,7 +85,14 @@ func (p *producer) resetLocked(epoch int64) {
 // order, but a later mutate's ack may overtake a pending one's. At most
 // window/2 mutates of a producer are pending; beyond that run waits for
 // the outcome before it returns.
-func (p *producer) run(epoch int64, f *frames.Mutate, reply func(outcome), exec func() (outcome, <-chan outcome)) {
+//
+// first says f is the first mutate its session has passed on, and no
+// frame of the session was dropped before it (over the frame rate): it is
+// then the first mutate the client sent on this connection, which a
+// client sends from its lowest unacknowledged seq, so every seq below it
+// has been answered, here or by another node. A client-named producer
+// that expects less continues there (see also advance).
+func (p *producer) run(epoch int64, first bool, f *frames.Mutate, reply func(outcome), exec func() (outcome, <-chan outcome)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
@@ -97,11 +104,15 @@ func (p *producer) run(epoch int64, f *frames.Mutate, reply func(outcome), exec 
 	case epoch > p.epoch:
 		p.resetLocked(epoch)
 	}
-	if !p.started && p.clientID != "" {
+	if p.clientID != "" && (!p.started || first && f.Seq > p.next) {
 		// A client-named producer this node has no record of (new here,
 		// forgotten, or the node restarted), whose client did not say in
 		// its hello where it stands (advance), continues at the seq it
 		// presents; persisted appends are still deduplicated by the log.
+		// So does one whose record a connection's first mutate shows to
+		// be behind (the client published elsewhere meanwhile, or its
+		// hello's seq was taken while an older connection still had
+		// mutates in flight).
 		p.next = f.Seq
 	}
 	p.started = true

@@ -33,14 +33,14 @@ func TestProducer_PendingOutcome(t *testing.T) {
 	acks := make(chan outcome, 16)
 	reply := func(o outcome) { acks <- o }
 	later := make(chan outcome, 1)
-	p.run(0, &frames.Mutate{Key: "a", Seq: 0}, reply, func() (outcome, <-chan outcome) { return outcome{}, later })
-	p.run(0, &frames.Mutate{Key: "b", Seq: 1}, reply, func() (outcome, <-chan outcome) { return outcome{key: "b", lsn: "2"}, nil })
+	p.run(0, false, &frames.Mutate{Key: "a", Seq: 0}, reply, func() (outcome, <-chan outcome) { return outcome{}, later })
+	p.run(0, false, &frames.Mutate{Key: "b", Seq: 1}, reply, func() (outcome, <-chan outcome) { return outcome{key: "b", lsn: "2"}, nil })
 	if o := <-acks; o.key != "b" || o.lsn != "2" {
 		t.Fatalf("seq 1 while seq 0 is pending: %+v", o)
 	}
 	// A retry of the pending seq and a new seq with its key both wait.
-	p.run(0, &frames.Mutate{Key: "a", Seq: 0}, reply, func() (outcome, <-chan outcome) { t.Fatal("ran a retry"); return outcome{}, nil })
-	p.run(0, &frames.Mutate{Key: "a", Seq: 2}, reply, func() (outcome, <-chan outcome) { t.Fatal("ran a repeated key"); return outcome{}, nil })
+	p.run(0, false, &frames.Mutate{Key: "a", Seq: 0}, reply, func() (outcome, <-chan outcome) { t.Fatal("ran a retry"); return outcome{}, nil })
+	p.run(0, false, &frames.Mutate{Key: "a", Seq: 2}, reply, func() (outcome, <-chan outcome) { t.Fatal("ran a repeated key"); return outcome{}, nil })
 	select {
 	case o := <-acks:
 		t.Fatalf("answered before the outcome: %+v", o)
@@ -65,10 +65,10 @@ func TestProducer_PendingBound(t *testing.T) {
 	reply := func(o outcome) { acks <- o }
 	chans := []chan outcome{make(chan outcome, 1), make(chan outcome, 1), make(chan outcome, 1)}
 	for i, ch := range chans[:2] {
-		p.run(0, &frames.Mutate{Key: fmt.Sprint(i), Seq: int64(i)}, reply, func() (outcome, <-chan outcome) { return outcome{}, ch })
+		p.run(0, false, &frames.Mutate{Key: fmt.Sprint(i), Seq: int64(i)}, reply, func() (outcome, <-chan outcome) { return outcome{}, ch })
 	}
 	chans[2] <- outcome{lsn: "third"} // ready, so the bounded wait returns at once
-	p.run(0, &frames.Mutate{Key: "2", Seq: 2}, reply, func() (outcome, <-chan outcome) { return outcome{}, chans[2] })
+	p.run(0, false, &frames.Mutate{Key: "2", Seq: 2}, reply, func() (outcome, <-chan outcome) { return outcome{}, chans[2] })
 	if o := <-acks; o.lsn != "third" {
 		t.Fatalf("third mutate: %+v", o)
 	}
@@ -102,10 +102,10 @@ func TestProducer_StartsMidSeq(t *testing.T) {
 	exec := func(lsn string) func() (outcome, <-chan outcome) {
 		return func() (outcome, <-chan outcome) { runs++; return outcome{key: "k", lsn: lsn}, nil }
 	}
-	p.run(0, &frames.Mutate{Key: "k", Seq: 1003}, reply, exec("1"))
-	p.run(0, &frames.Mutate{Key: "k", Seq: 1003}, reply, exec("retry"))
-	p.run(0, &frames.Mutate{Key: "k", Seq: 1004}, reply, exec("repeat"))
-	p.run(0, &frames.Mutate{Key: "j", Seq: 1005}, reply, func() (outcome, <-chan outcome) { return outcome{key: "j", lsn: "2"}, nil })
+	p.run(0, false, &frames.Mutate{Key: "k", Seq: 1003}, reply, exec("1"))
+	p.run(0, false, &frames.Mutate{Key: "k", Seq: 1003}, reply, exec("retry"))
+	p.run(0, false, &frames.Mutate{Key: "k", Seq: 1004}, reply, exec("repeat"))
+	p.run(0, false, &frames.Mutate{Key: "j", Seq: 1005}, reply, func() (outcome, <-chan outcome) { return outcome{key: "j", lsn: "2"}, nil })
 	for i, want := range []string{"1", "1", "1", "2"} {
 		if o := <-acks; o.err != nil || o.lsn != want {
 			t.Fatalf("ack %d = %+v (err %v), want lsn %s", i, o, o.err, want)
@@ -117,15 +117,48 @@ func TestProducer_StartsMidSeq(t *testing.T) {
 	// Past a full window the ring wraps onto the slots it grew.
 	for seq := int64(1006); seq < 1006+16; seq++ {
 		key := fmt.Sprint("w", seq)
-		p.run(0, &frames.Mutate{Key: key, Seq: seq}, reply, func() (outcome, <-chan outcome) { return outcome{key: key, lsn: key}, nil })
+		p.run(0, false, &frames.Mutate{Key: key, Seq: seq}, reply, func() (outcome, <-chan outcome) { return outcome{key: key, lsn: key}, nil })
 		<-acks
 	}
-	p.run(0, &frames.Mutate{Key: "w1020", Seq: 1020}, reply, exec("again"))
+	p.run(0, false, &frames.Mutate{Key: "w1020", Seq: 1020}, reply, exec("again"))
 	if o := <-acks; o.lsn != "w1020" {
 		t.Fatalf("retry after wrapping = %+v", o)
 	}
-	p.run(0, &frames.Mutate{Key: "k", Seq: 1003}, reply, exec("old"))
+	p.run(0, false, &frames.Mutate{Key: "k", Seq: 1003}, reply, exec("old"))
 	if o := <-acks; o.err == nil || o.err.Code != frames.CodeSeqForgotten {
 		t.Fatalf("retry older than the window = %+v", o)
+	}
+}
+
+// TestProducer_FirstMutateMovesOn: a connection's first mutate moves a
+// client-named producer on to its seq (every seq below it was answered
+// elsewhere) only when no frame of the connection was dropped before it
+// (first); otherwise the one before it may have been dropped, and it is
+// X_SEQ_GAP. hello.seq (advance) moves it forward, never back.
+func TestProducer_FirstMutateMovesOn(t *testing.T) {
+	acks := make(chan outcome, 16)
+	reply := func(o outcome) { acks <- o }
+	ok := func(key string) func() (outcome, <-chan outcome) {
+		return func() (outcome, <-chan outcome) { return outcome{key: key, lsn: key}, nil }
+	}
+	p := newProducer(0, 8)
+	p.clientID = "cli"
+	p.advance(0, 3)
+	p.run(0, false, &frames.Mutate{Key: "k4", Seq: 4}, reply, ok("k4"))
+	if o := <-acks; o.err == nil || o.err.Code != frames.CodeSeqGap {
+		t.Fatalf("seq 4 after a drop, hello at 3: %+v, want X_SEQ_GAP", o)
+	}
+	p.run(0, true, &frames.Mutate{Key: "k5", Seq: 5}, reply, ok("k5"))
+	if o := <-acks; o.err != nil || o.lsn != "k5" {
+		t.Fatalf("seq 5 first on a connection, hello at 3: %+v, want it run", o)
+	}
+	p.advance(0, 2) // a stale hello: never backwards
+	p.run(0, false, &frames.Mutate{Key: "k6", Seq: 6}, reply, ok("k6"))
+	if o := <-acks; o.err != nil || o.lsn != "k6" {
+		t.Fatalf("seq 6 after a stale hello: %+v", o)
+	}
+	p.advance(1, 9) // another epoch: ignored here (acquire resets a higher one)
+	if p.next != 7 {
+		t.Fatalf("next = %d after advance on another epoch, want 7", p.next)
 	}
 }

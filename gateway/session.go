@@ -38,6 +38,8 @@ type session struct {
 	prodName   string // producerName of the session's actor and clientID, "" without one
 	epoch      int64
 	prod       *producer
+	mutated    bool // a mutate of this session has reached prod
+	dropped    bool // a frame of this session was dropped over the frame rate
 
 	// Guarded by srv.buildMu (update.go): the build the client's hello
 	// named, and whether the hello was answered.
