@@ -461,33 +461,48 @@ func TestPersisted_PipelinedPublishes(t *testing.T) {
 	n := startPersistNode(t, t.TempDir())
 	c := gwtest.Dial(t, n.url, nil)
 	c.Hello("pipe", 0)
-	const total = 500
+	lsnOf := pipelinePublishes(t, c, "chat:pipe", 0, 500) // one message, 500 frames
+	checkPublishLog(t, n, "chat:pipe", 0, 500, lsnOf)
+}
+
+// pipelinePublishes sends publishes seq from..from+count-1 (key k<seq>,
+// data <seq>) to topic in one message and returns each key's acked lsn,
+// failing the test on an error ack.
+func pipelinePublishes(t *testing.T, c *gwtest.Conn, topic string, from, count int) map[string]string {
+	t.Helper()
 	var msg strings.Builder
-	for i := range total {
-		if i > 0 {
+	for i := from; i < from+count; i++ {
+		if i > from {
 			msg.WriteByte('\n')
 		}
-		fmt.Fprintf(&msg, `{"type":"mutate","v":1,"key":"k%d","seq":%d,"name":"publish","input":{"topic":"chat:pipe","data":%d}}`, i, i, i)
+		fmt.Fprintf(&msg, `{"type":"mutate","v":1,"key":"k%d","seq":%d,"name":"publish","input":{"topic":%q,"data":%d}}`, i, i, topic, i)
 	}
-	c.SendRaw(msg.String()) // one message, 500 frames
+	c.SendRaw(msg.String())
 	lsnOf := map[string]string{}
-	for len(lsnOf) < total {
+	for len(lsnOf) < count {
 		ack := gwtest.Expect[*frames.Ack](c)
 		if ack.Error != nil || ack.LSN == nil {
 			t.Fatalf("ack %+v", ack)
 		}
 		lsnOf[ack.Ref] = *ack.LSN
 	}
-	res, err := n.db.Read(context.Background(), "chat:pipe", storage.ZeroOffset, 1<<20)
-	if err != nil || len(res.Records) != total {
-		t.Fatalf("log holds %d records (%v), want %d", len(res.Records), err, total)
+	return lsnOf
+}
+
+// checkPublishLog checks that topic's log holds exactly the publishes
+// from..from+count-1 of pipelinePublishes, in order, each at its acked lsn.
+func checkPublishLog(t *testing.T, n *persistNode, topic string, from, count int, lsnOf map[string]string) {
+	t.Helper()
+	res, err := n.db.Read(context.Background(), topic, storage.ZeroOffset, 1<<20)
+	if err != nil || len(res.Records) != count {
+		t.Fatalf("log holds %d records (%v), want the %d acked", len(res.Records), err, count)
 	}
 	for i, r := range res.Records {
 		var rec struct {
 			Key  string `json:"key"`
 			Data int    `json:"data"`
 		}
-		if err := json.Unmarshal(r.Data, &rec); err != nil || rec.Data != i || rec.Key != fmt.Sprint("k", i) {
+		if err := json.Unmarshal(r.Data, &rec); err != nil || rec.Data != from+i || rec.Key != fmt.Sprint("k", from+i) {
 			t.Fatalf("record %d: %s (%v)", i, r.Data, err)
 		}
 		if lsnOf[rec.Key] != r.Offset {
@@ -512,36 +527,8 @@ func TestPersisted_PipelinedAcrossDelete(t *testing.T) {
 	if err := n.db.Delete(context.Background(), "chat:del"); err != nil {
 		t.Fatal(err)
 	}
-	const total = 200
-	var msg strings.Builder
-	for i := 1; i <= total; i++ {
-		if i > 1 {
-			msg.WriteByte('\n')
-		}
-		fmt.Fprintf(&msg, `{"type":"mutate","v":1,"key":"k%d","seq":%d,"name":"publish","input":{"topic":"chat:del","data":%d}}`, i, i, i)
-	}
-	c.SendRaw(msg.String())
-	lsnOf := map[string]string{}
-	for len(lsnOf) < total {
-		ack := gwtest.Expect[*frames.Ack](c)
-		if ack.Error != nil || ack.LSN == nil {
-			t.Fatalf("ack %+v", ack)
-		}
-		lsnOf[ack.Ref] = *ack.LSN
-	}
-	res, err := n.db.Read(context.Background(), "chat:del", storage.ZeroOffset, 1<<20)
-	if err != nil || len(res.Records) != total {
-		t.Fatalf("new log holds %d records (%v), want the %d acked", len(res.Records), err, total)
-	}
-	for i, r := range res.Records {
-		var rec struct {
-			Key  string `json:"key"`
-			Data int    `json:"data"`
-		}
-		if err := json.Unmarshal(r.Data, &rec); err != nil || rec.Data != i+1 || lsnOf[rec.Key] != r.Offset {
-			t.Fatalf("record %d at %s: %s (%v), acked at %s", i, r.Offset, r.Data, err, lsnOf[rec.Key])
-		}
-	}
+	lsnOf := pipelinePublishes(t, c, "chat:del", 1, 200)
+	checkPublishLog(t, n, "chat:del", 1, 200, lsnOf)
 }
 
 // gatedLog holds every WaitID (the tailer's) until open is closed: a tailer that lags the
