@@ -19,6 +19,9 @@ const maxClientIDLen = 128
 func (s *session) handleLine(ctx context.Context, line []byte) {
 	f, err := frames.Decode(line)
 	if err != nil {
+		// Possibly a mutate whose seq never reaches the producer: the
+		// connection's next mutate is not taken for its first (run).
+		s.dropped = true
 		s.srv.metrics.badFrames.Inc()
 		var fe *frames.Error
 		if !errors.As(err, &fe) {

@@ -282,3 +282,25 @@ func TestGateway_ProducerBackFromAnotherNode(t *testing.T) {
 		t.Fatalf("retry of seq 0 on A: %+v, want A's first ack %s", r, *firstOnA.LSN)
 	}
 }
+
+// A frame that cannot be decoded may have been a mutate: the connection's
+// next mutate is then not taken for its first, and a seq beyond the one
+// expected is X_SEQ_GAP rather than run ahead of the broken one.
+func TestGateway_ProducerAfterUndecodableFrame(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{})
+	c := gwtest.Dial(t, srv.url, nil)
+	three := int64(3)
+	c.Send(&frames.Hello{Resume: []frames.Cursor{}, ClientID: "app", Seq: &three})
+	gwtest.Expect[*frames.Hello](c)
+	c.SendRaw(`{"type":"mutate","v":1,"key":"k3","seq":3,`) // cut short
+	if ack := gwtest.Expect[*frames.Ack](c); ack.Error == nil || ack.Error.Code != frames.CodeBadFrame {
+		t.Fatalf("broken frame: %+v", ack)
+	}
+	if r := c.Publish("k4", 4, "t", `4`); r.Error == nil || r.Error.Code != frames.CodeSeqGap {
+		t.Fatalf("seq 4 after a broken frame: %+v, want X_SEQ_GAP", r)
+	}
+	if r := c.Publish("k3", 3, "t", `3`); r.Error != nil {
+		t.Fatalf("seq 3 sent again: %+v", r.Error)
+	}
+}

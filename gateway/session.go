@@ -39,7 +39,7 @@ type session struct {
 	epoch      int64
 	prod       *producer
 	mutated    bool // a mutate of this session has reached prod
-	dropped    bool // a frame of this session was dropped over the frame rate
+	dropped    bool // a frame of this session was dropped (over the frame rate) or could not be decoded
 
 	// Guarded by srv.buildMu (update.go): the build the client's hello
 	// named, and whether the hello was answered.
@@ -214,7 +214,9 @@ func (s *session) readLoop() error {
 		s.srv.metrics.bytesIn.Add(float64(len(msg)))
 		if typ != websocket.MessageText {
 			// A binary message counts as one frame against the rate, as
-			// a bad text frame does.
+			// a bad text frame does, and as a frame the producer never
+			// saw (see handleLine).
+			s.dropped = true
 			if now := s.srv.cfg.Now(); !s.allowFrame(now) {
 				pause = s.rateLimited(nil, now)
 			} else {
