@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"path"
@@ -528,28 +529,34 @@ func loadYAML(c *config, path string) error {
 	if len(doc.Content) == 0 {
 		return nil // empty file
 	}
-	root := doc.Content[0]
+	root := yamlDeref(doc.Content[0])
 	if root.Kind != yaml.MappingNode {
 		return fmt.Errorf("config file %s: want a mapping of setting names to values", path)
+	}
+	pairs, err := yamlPairs(root, true)
+	if err != nil {
+		return fmt.Errorf("config file %s: %w", path, err)
 	}
 	byName := map[string]setting{}
 	for _, s := range settings {
 		byName[s.name] = s
 	}
-	seen := map[string]bool{}
-	for i := 0; i+1 < len(root.Content); i += 2 {
-		k, vn := root.Content[i].Value, root.Content[i+1]
+	for _, p := range pairs {
+		k, vn := p[0].Value, p[1]
 		s, ok := byName[k]
 		if !ok {
-			return fmt.Errorf("config file %s: line %d: unknown key %q (keys are the flag names, e.g. addr, hello-timeout)", path, root.Content[i].Line, k)
+			return fmt.Errorf("config file %s: line %d: unknown key %q (keys are the flag names, e.g. addr, hello-timeout)", path, p[0].Line, k)
 		}
-		if seen[k] {
-			return fmt.Errorf("config file %s: line %d: key %s appears twice", path, root.Content[i].Line, k)
-		}
-		seen[k] = true
 		v, err := yamlScalar(vn)
 		if err == nil {
 			err = s.set(c, v)
+			if err != nil {
+				// A number YAML spells otherwise (1_000, 0x80, 1e3) is
+				// tried as the number it means.
+				if n, ok := yamlNumber(vn); ok && s.set(c, n) == nil {
+					err = nil
+				}
+			}
 		}
 		if err != nil {
 			return fmt.Errorf("config file %s: line %d: key %s: %w", path, vn.Line, k, err)
@@ -558,9 +565,54 @@ func loadYAML(c *config, path string) error {
 	return nil
 }
 
+// yamlPairs returns m's key/value pairs in the order to apply them: what
+// merge keys (<<) bring first, then m's own, which override them. A key
+// of m's own may appear once.
+func yamlPairs(m *yaml.Node, top bool) ([][2]*yaml.Node, error) {
+	var merged, own [][2]*yaml.Node
+	seen := map[string]bool{}
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		k, v := m.Content[i], m.Content[i+1]
+		if k.Value == "<<" && k.Tag == "!!merge" {
+			srcs := []*yaml.Node{yamlDeref(v)}
+			if srcs[0].Kind == yaml.SequenceNode {
+				srcs = srcs[0].Content
+			}
+			for _, src := range srcs {
+				src = yamlDeref(src)
+				if src.Kind != yaml.MappingNode {
+					return nil, fmt.Errorf("line %d: a merge key (<<) takes a mapping", k.Line)
+				}
+				ps, err := yamlPairs(src, false)
+				if err != nil {
+					return nil, err
+				}
+				merged = append(merged, ps...)
+			}
+			continue
+		}
+		if top && seen[k.Value] {
+			return nil, fmt.Errorf("line %d: key %s appears twice", k.Line, k.Value)
+		}
+		seen[k.Value] = true
+		own = append(own, [2]*yaml.Node{k, v})
+	}
+	return append(merged, own...), nil
+}
+
+// yamlDeref follows an alias to the node it names.
+func yamlDeref(n *yaml.Node) *yaml.Node {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	return n
+}
+
 // yamlScalar returns the text of a YAML scalar as written, the string a
-// flag would take ("" for null); a list becomes a comma-separated string.
+// flag would take ("" for null); a list becomes a comma-separated string
+// (a null element is an empty one).
 func yamlScalar(n *yaml.Node) (string, error) {
+	n = yamlDeref(n)
 	switch n.Kind {
 	case yaml.ScalarNode:
 		if n.Tag == "!!null" {
@@ -570,16 +622,30 @@ func yamlScalar(n *yaml.Node) (string, error) {
 	case yaml.SequenceNode:
 		parts := make([]string, len(n.Content))
 		for i, e := range n.Content {
-			if e.Kind != yaml.ScalarNode {
+			if e = yamlDeref(e); e.Kind != yaml.ScalarNode {
 				return "", fmt.Errorf("want a list of scalars")
 			}
-			parts[i] = e.Value
+			if e.Tag != "!!null" {
+				parts[i] = e.Value
+			}
 		}
 		return strings.Join(parts, ","), nil
-	case yaml.AliasNode:
-		return yamlScalar(n.Alias)
 	}
 	return "", fmt.Errorf("want a scalar or a list")
+}
+
+// yamlNumber returns the decimal form of a scalar YAML reads as an
+// integer or a whole float (1_000, 0x80, 1e3), if it is one.
+func yamlNumber(n *yaml.Node) (string, bool) {
+	n = yamlDeref(n)
+	if n.Kind != yaml.ScalarNode || (n.Tag != "!!int" && n.Tag != "!!float") {
+		return "", false
+	}
+	var f float64
+	if err := n.Decode(&f); err != nil || f != math.Trunc(f) || math.Abs(f) > 1<<53 {
+		return "", false
+	}
+	return strconv.FormatInt(int64(f), 10), true
 }
 
 func (c *config) validate() error {

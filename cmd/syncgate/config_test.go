@@ -152,6 +152,35 @@ func TestParseConfig_YAMLTakesValuesAsWritten(t *testing.T) {
 	}
 }
 
+// TestParseConfig_YAMLForms: what YAML offers beyond plain scalars keeps
+// working with values read as written: merge keys (explicit keys win),
+// aliases in lists, null list elements, and numbers YAML spells
+// otherwise for numeric settings.
+func TestParseConfig_YAMLForms(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "syncgate.yaml")
+	yaml := "build-id: &p b:*\n" + // every key must be a setting: the anchor sits on one
+		"max-subscriptions: 0x80\n" +
+		"<<: {max-sessions: 1_000, max-subscriptions: 7}\n" +
+		"persist: [\"a:*\", ~, *p]\n"
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := parseConfig(nil, env(map[string]string{"SYNCGATE_CONFIG": file}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Gateway.MaxSubscriptions != 128 {
+		t.Errorf("max-subscriptions: %d, want 128 (0x80, over the merged 7)", c.Gateway.MaxSubscriptions)
+	}
+	if c.Gateway.MaxSessions != 1000 {
+		t.Errorf("max-sessions from a merge key: %d, want 1000", c.Gateway.MaxSessions)
+	}
+	if got := strings.Join(c.Gateway.Persist, ","); got != "a:*,b:*" {
+		t.Errorf("persist: %q, want a:*,b:* (null dropped, alias followed)", got)
+	}
+}
+
 func TestParseConfig_Errors(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
