@@ -395,7 +395,7 @@ var settings = []setting{
 			return nil
 		}},
 	{"shutdown-timeout", "SYNCGATE_SHUTDOWN_TIMEOUT", "5s", "bound for the last stop step after the drain: closing any session left (1001); in-flight HTTP requests then get 5s of their own",
-		durationSetting(func(c *config) *time.Duration { return &c.ShutdownTimeout })},
+		positiveDurationSetting(func(c *config) *time.Duration { return &c.ShutdownTimeout })},
 	{"accept-rate", "SYNCGATE_ACCEPT_RATE", "1000", "new sessions admitted per second (token bucket); over it clients are told when to come back (off: no limit)",
 		func(c *config, v string) error {
 			if v == "off" {

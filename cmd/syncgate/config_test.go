@@ -212,6 +212,7 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"overload delay zero", []string{"-overload-write-delay", "0s"}, nil, "-overload-write-delay"},
 		{"write delay over 10s", []string{"-max-write-delay", "11s"}, nil, "-max-write-delay"},
 		{"hello timeout zero", []string{"-hello-timeout", "0s"}, nil, "-hello-timeout"},
+		{"shutdown timeout zero", []string{"-shutdown-timeout", "0s"}, nil, "-shutdown-timeout"},
 		{"build id too long", []string{"-build-id", strings.Repeat("b", 257)}, nil, "-build-id"},
 		{"presence ttl zero", nil, map[string]string{"SYNCGATE_PRESENCE_TTL": "0"}, "SYNCGATE_PRESENCE_TTL"},
 		{"max frame huge", nil, map[string]string{"SYNCGATE_MAX_FRAME": "9000000000000000000"}, "SYNCGATE_MAX_FRAME"},
