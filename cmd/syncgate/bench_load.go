@@ -334,11 +334,11 @@ type pubRun struct {
 // topics[k % len(topics)]. It also stops when the connection does.
 func (p *benchPub) run(ctx context.Context, l loadFlags, topics []string) pubRun {
 	buf := make([]byte, 0, l.size+8)
-	return pace(ctx, l.rate, l.dur, func(k int64, t0 time.Time) error {
+	return pace(ctx, l.rate, l.dur, func(k int64, at time.Time) error {
 		ti := int(k % int64(len(topics)))
-		buf = appendData(buf[:0], t0.UnixNano(), l.size)
+		buf = appendData(buf[:0], at.UnixNano(), l.size)
 		err := p.c.PublishAsync(ctx, topics[ti], buf, func(_ string, err error) {
-			p.complete(t0.UnixNano(), ti, err)
+			p.complete(at.UnixNano(), ti, err)
 		})
 		if err != nil {
 			return fmt.Errorf("publish: %w", err)
@@ -347,33 +347,49 @@ func (p *benchPub) run(ctx context.Context, l loadFlags, topics []string) pubRun
 	})
 }
 
-// pace calls send(k, t0) for k = 0, 1, … at rate a second for dur, t0
-// being the time of that call: on every tick it sends as many as are due
-// since start, so the rate holds however coarse the ticks are. It stops
-// early when ctx ends or send fails (err says why), and gives up catching
-// up once it lags a second past the window (behind counts what was left).
-func pace(ctx context.Context, rate float64, dur time.Duration, send func(k int64, t0 time.Time) error) pubRun {
+// pace calls send(k, at) for k = 0, 1, … at rate a second for dur, at
+// being when message k was due (start + k/rate), not when the call
+// happens: latency measured from at includes the publisher's own
+// lateness (a late wake-up, a client waiting for room in its queue)
+// rather than hiding it (coordinated omission). It sleeps until the next
+// message is due, at least minPace at a time, and then sends every one
+// that is due. It stops early when ctx ends or send fails (err says
+// why), and gives up catching up once it lags a second past the window
+// (behind counts what was left).
+func pace(ctx context.Context, rate float64, dur time.Duration, send func(k int64, at time.Time) error) pubRun {
 	total := int64(math.Round(rate * dur.Seconds()))
-	period := min(max(time.Duration(float64(time.Second)/rate), time.Millisecond), 10*time.Millisecond)
-	tick := time.NewTicker(period)
-	defer tick.Stop()
 	const maxLag = time.Second
-
 	r := pubRun{start: time.Now()}
 	end := r.start.Add(dur)
-	for {
-		due := total
-		if elapsed := time.Since(r.start); elapsed < dur {
-			due = min(total, int64(rate*elapsed.Seconds()))
-		}
-		for r.sent < due {
-			t0 := time.Now()
-			if t0.Sub(end) > maxLag {
+	dueAt := func(k int64) time.Time {
+		return r.start.Add(time.Duration(float64(k) / rate * float64(time.Second)))
+	}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for r.sent < total {
+		if d := time.Until(dueAt(r.sent)); d > 0 {
+			timer.Reset(max(d, minPace))
+			select {
+			case <-ctx.Done():
+				r.err = ctx.Err()
 				r.behind = total - r.sent
-				r.end = t0
+				r.end = time.Now()
 				return r
+			case <-timer.C:
 			}
-			if err := send(r.sent, t0); err != nil {
+		}
+		now := time.Now()
+		if now.Sub(end) > maxLag {
+			r.behind = total - r.sent
+			r.end = now
+			return r
+		}
+		for r.sent < total {
+			at := dueAt(r.sent)
+			if at.After(now) {
+				break
+			}
+			if err := send(r.sent, at); err != nil {
 				r.err = err
 				r.behind = total - r.sent
 				r.end = time.Now()
@@ -381,20 +397,15 @@ func pace(ctx context.Context, rate float64, dur time.Duration, send func(k int6
 			}
 			r.sent++
 		}
-		if r.sent >= total {
-			r.end = time.Now()
-			return r
-		}
-		select {
-		case <-ctx.Done():
-			r.err = ctx.Err()
-			r.behind = total - r.sent
-			r.end = time.Now()
-			return r
-		case <-tick.C:
-		}
 	}
+	r.end = time.Now()
+	return r
 }
+
+// minPace is the shortest sleep of pace: at high rates a wake-up per
+// message would cost the bench more CPU than it measures, so messages
+// due within a millisecond go out together (their wait is counted).
+const minPace = time.Millisecond
 
 // loadResult is what the wait after publishing measured.
 type loadResult struct {

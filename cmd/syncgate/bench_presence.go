@@ -263,7 +263,7 @@ func benchPresence(ctx context.Context, args []string, stdout, stderr io.Writer)
 					behind.Add(perMember - k)
 					return
 				}
-				t := time.Now()
+				t := wstart.Add(off) // when it was due: lateness counts (see pace)
 				meta = appendPresenceMeta(meta[:0], j, t.UnixNano(), p.metaSize)
 				if err := m.conn.send(ctx, &frames.Presence{Topic: p.topic, Op: frames.PresenceUpdate,
 					Members: []frames.Member{{Meta: meta, UpdatedAt: t.UnixMilli()}}}); err != nil {
