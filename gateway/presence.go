@@ -277,17 +277,24 @@ func (p *presenceHub) closed(s *session) {
 	p.releaseLocked(s)
 }
 
-// join joins s's member m to topic and queues the ack and the Sync.
+// join joins s's member m to topic and queues the ack and the Sync. A
+// session that has joined topic already has its list and gets its
+// diffs: its join writes m like an update and is acked without a second
+// Sync, so repeating a join cannot make the node build and send the whole
+// list again and again (one small frame against up to MaxListed members).
 func (p *presenceHub) join(ctx context.Context, s *session, topic, ref string, m presence.Member) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	_, joined := p.held[s][topic]
 	sn, err := p.reg.Join(ctx, topic, s.id, m)
 	if err != nil {
 		return err
 	}
 	p.holdLocked(s, topic, m)
 	s.sendAck(ref, nil)
-	s.send(&frames.Presence{Topic: topic, Op: frames.PresenceSync, Members: wireMembers(sn.Members), Count: p.count(sn.Total)})
+	if !joined {
+		s.send(&frames.Presence{Topic: topic, Op: frames.PresenceSync, Members: wireMembers(sn.Members), Count: p.count(sn.Total)})
+	}
 	return nil
 }
 

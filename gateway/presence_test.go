@@ -489,3 +489,48 @@ func parallel(n int, fn func(i int)) {
 	close(next)
 	wg.Wait()
 }
+
+// A join from a session that has already joined the topic writes its
+// member like an update and is acked without a second sync: repeating a
+// small frame cannot make the node build and send the whole list again.
+// After a leave, a join gets a sync again.
+func TestPresence_RejoinSendsNoSecondSync(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, fastPresence(gateway.Config{}))
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("tab", 0)
+	c.Subscribe("s1", "room")
+	join(t, c, "room", `{"n":1}`)
+	for range 3 {
+		sendPresence(c, "room", frames.PresenceJoin, `{"n":2}`, 0)
+	}
+	// A frame with a known answer marks the end of the joins' answers.
+	c.Send(&frames.Subscribe{Op: frames.OpDrop, SID: "nope", Target: frames.Target{Kind: frames.TargetTopic, Topic: "room"}})
+	acks := 0
+	for done := false; !done; {
+		switch f := c.Next().(type) {
+		case *frames.Ack:
+			switch {
+			case f.Ref == "presence:room" && f.Error == nil:
+				acks++
+			case f.Ref == "nope":
+				done = true
+			default:
+				t.Fatalf("ack %+v", f)
+			}
+		case *frames.Presence:
+			if f.Op == frames.PresenceSync {
+				t.Fatalf("a second sync after a repeated join: %+v", f)
+			}
+		}
+	}
+	if acks != 3 {
+		t.Fatalf("%d acks for 3 repeated joins", acks)
+	}
+	if code := presenceAck(c, "room", frames.PresenceLeave, `null`, 0); code != "" {
+		t.Fatalf("leave: %s", code)
+	}
+	if sync := join(t, c, "room", `{"n":3}`); memberIDs(sync.Members) != "tab" {
+		t.Fatalf("sync after leave and join: %+v", sync)
+	}
+}
