@@ -293,23 +293,19 @@ func (cn *conn) handleFrameAck(f *frames.Ack) {
 		return
 	}
 	c := cn.c
-	if outOfStep(f) && f.Error.Code == frames.CodeRateLimited {
+	if f.Error != nil && f.Error.Code == frames.CodeRateLimited {
 		// Whatever it answers, frames sent after it may have been
 		// dropped with no answer at all.
 		defer cn.startOver(f)
-		if c.opts.Reconnect {
-			// A dropped subscribe (or drop) is not refused: it waits,
-			// and the connection's end makes the next one send it again.
-			c.mu.Lock()
-			_, waiting := cn.pending[f.Ref]
-			c.mu.Unlock()
-			if waiting {
-				return
-			}
-		}
 	}
 	c.mu.Lock()
 	if ws := cn.pending[f.Ref]; len(ws) > 0 {
+		if f.Error != nil && f.Error.Code == frames.CodeRateLimited && c.opts.Reconnect {
+			// A dropped subscribe (or drop) is not refused: it waits,
+			// and the connection's end makes the next one send it again.
+			c.mu.Unlock()
+			return
+		}
 		w := ws[0]
 		if len(ws) == 1 {
 			delete(cn.pending, f.Ref)

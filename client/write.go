@@ -291,15 +291,6 @@ func (cn *conn) writeBatches(q []outMsg) error {
 		if batch[0].alone {
 			n = bytes.Count(msg, []byte{'\n'}) + 1
 		}
-		if err := cn.paceWait(n); err != nil {
-			for _, m := range batch {
-				if m.w != nil {
-					m.w.done <- err
-				}
-			}
-			batch, size = batch[:0], 0
-			return err
-		}
 		if len(batch) > 1 {
 			buf := cn.wbuf[:0]
 			for i, m := range batch {
@@ -313,7 +304,10 @@ func (cn *conn) writeBatches(q []outMsg) error {
 				cn.wbuf = buf
 			}
 		}
-		err := cn.stoppedErr()
+		err := cn.paceWait(n)
+		if err == nil {
+			err = cn.stoppedErr()
+		}
 		if err == nil {
 			err = cn.writeMsg(msg)
 		}

@@ -108,7 +108,7 @@ var defaultFixes = map[Code]string{
 	CodeSeqForgotten:    "This retry is too old to answer; treat its outcome as unknown.",
 	CodeEpochFenced:     "A newer connection of this producer took over; reconnect with a higher epoch.",
 	CodeTooManySubs:     "Drop a subscription before adding another.",
-	CodeInternal:        "Retry later; a mutate as a new mutate (next seq, new key), since its outcome is recorded.",
+	CodeInternal:        "Retry later; for a mutate, send a new one (next seq, new key): its outcome is recorded.",
 
 	// Security errors.
 	CodeTokenRequired:    "Send hello.token: a JWT from your token issuer.",

@@ -62,8 +62,8 @@ type Cursor struct {
 }
 
 // Hello opens a session (client to server, SessionID nil) and is answered by
-// the server with the session's id. Token, ClientID, Epoch, MaxMessage,
-// FrameRate and FrameBurst
+// the server with the session's id. Token, ClientID, Epoch, Seq,
+// MaxMessage, FrameRate and FrameBurst
 // are optional on the wire: their zero values are left out when encoding,
 // and an absent field decodes to the zero value.
 type Hello struct {

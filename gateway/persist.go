@@ -37,7 +37,7 @@ import (
 
 // replayHold bounds the live patches a replaying subscription holds, in
 // number; in bytes they are bounded by a quarter of the send queue
-// (replay.holdBytes). They are queued at once when the replay ends, onto a
+// (replay.maxHeld). They are queued at once when the replay ends, onto a
 // queue the replayer has kept below half full, so they always fit.
 const replayHold = 4096
 
@@ -698,7 +698,7 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 				onReset()
 				continue
 			}
-			res, err := srv.cfg.Log.Read(ctx, sub.topic, after, min(replayPage, srv.cfg.SendQueueBytes/4))
+			res, err := srv.cfg.Log.Read(ctx, sub.topic, after, min(replayPage, r.maxHeld))
 			if ctx.Err() != nil {
 				return
 			}

@@ -87,7 +87,8 @@ func (p *producer) resetLocked(epoch int64) {
 // the outcome before it returns.
 //
 // first says f is the first mutate its session has passed on, and no
-// frame of the session was dropped before it (over the frame rate): it is
+// frame of the session was lost before it (dropped over the frame rate,
+// undecodable, or binary): it is
 // then the first mutate the client sent on this connection, which a
 // client sends from its lowest unacknowledged seq, so every seq below it
 // has been answered, here or by another node. A client-named producer
@@ -169,7 +170,12 @@ func (p *producer) startPendingLocked(f *frames.Mutate, later <-chan outcome, re
 	}()
 }
 
-// advance applies a hello's seq on epoch: every seq below it has been
+// advance applies a hello's seq on epoch. It overlaps with run's first
+// rule, which alone would also converge (a lost frame gets X_SEQ_GAP, the
+// client starts over, and the new connection's first mutate moves the
+// producer on); the hello's seq saves that round, and is the only base a
+// node with no record has when the connection's first frames were lost.
+// Every seq below it has been
 // answered (here or by another node), and it is the first this
 // connection will send. A producer that expects less continues there (the
 // client published through another node meanwhile: A, then B, then A); a

@@ -386,19 +386,17 @@ func splitRecords(ct string, body []byte, put bool) ([][]byte, error) {
 	if len(body) == 0 && put {
 		return nil, nil
 	}
-	if !json.Valid(body) {
-		var v json.RawMessage
-		err := json.Unmarshal(body, &v) // for its message
-		return nil, badRequest("the body is not valid JSON (%v): a JSON stream takes one JSON value, an array of messages or a single message", err)
-	}
 	if !utf8.Valid(body) {
 		return nil, badRequest("the JSON body is not valid UTF-8")
 	}
 	// One compacted copy of the body, whose messages are subslices: no
-	// allocation per message.
+	// allocation per message. Compact also checks the JSON, in the same
+	// pass.
 	var b bytes.Buffer
 	b.Grow(len(body))
-	_ = json.Compact(&b, body) // valid JSON
+	if err := json.Compact(&b, body); err != nil {
+		return nil, badRequest("the body is not valid JSON (%v): a JSON stream takes one JSON value, an array of messages or a single message", err)
+	}
 	v := b.Bytes()
 	if v[0] != '[' {
 		return [][]byte{v}, nil
