@@ -256,6 +256,9 @@ func (s *session) logError(ref, op, topic string, err error) *frames.Error {
 	case errors.As(err, &ce):
 		return frames.NewError(frames.CodeBadTopic, ref, "topic "+quote(topic)+"'s stream was closed over the Durable Streams API",
 			"publish to another topic; a closed stream never accepts messages again")
+	case errors.Is(err, storage.ErrContentType):
+		err = errNotJSONStream
+		fallthrough
 	case errors.Is(err, errNotJSONStream), errors.Is(err, storage.ErrConflict), errors.Is(err, storage.ErrGone):
 		return frames.NewError(frames.CodeBadTopic, ref, "topic "+quote(topic)+": "+err.Error(),
 			"persisted topics are JSON streams; use another topic name or recreate the stream as application/json")
@@ -321,7 +324,7 @@ func (s *session) mutate(ctx context.Context, f *frames.Mutate) (outcome, <-chan
 		return o, nil // before any effect: no delivery, no log append
 	}
 	if s.srv.persisted(topic) {
-		return s.publishPersisted(ctx, f, topic, data)
+		return s.publishPersisted(f, topic, data)
 	}
 	lsn, err := s.srv.publish(ctx, topic, s.actorID(), data)
 	if err != nil {

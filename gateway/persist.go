@@ -98,11 +98,8 @@ var errNotJSONStream = errors.New("the topic's stream exists with a content type
 // across reconnects and restarts. Appends are submitted in the order the
 // session's reader calls this, so one producer's seqs reach the log in
 // order.
-func (s *session) publishPersisted(ctx context.Context, f *frames.Mutate, topic string, data json.RawMessage) (outcome, <-chan outcome) {
+func (s *session) publishPersisted(f *frames.Mutate, topic string, data json.RawMessage) (outcome, <-chan outcome) {
 	srv := s.srv
-	if err := srv.ensureStream(ctx, topic); err != nil {
-		return outcome{key: f.Key, err: s.logError(f.Key, "publish", topic, err)}, nil
-	}
 	var prod *storage.Producer
 	if s.clientID != "" {
 		// One client's seqs span every topic: in one topic's log they
@@ -110,10 +107,11 @@ func (s *session) publishPersisted(ctx context.Context, f *frames.Mutate, topic 
 		prod = &storage.Producer{ID: s.prodName, Epoch: s.epoch, Seq: f.Seq, AllowGap: true}
 	}
 	rec := appendRecord(make([]byte, 0, len(data)+len(f.Key)+64), f.Key, data, s.actorID(), srv.cfg.Now().UnixMilli())
-	// A stream deleted over HTTP since ensureStream is made anew by the
-	// append itself, so the session's appends stay in submission order:
-	// a retry run after later seqs had landed would be taken for a
-	// duplicate (AllowGap) and acked without being written.
+	// A missing stream (first use, or deleted over HTTP) is made by the
+	// append itself, in the log's writer, so the session's appends stay in
+	// submission order: a retry run after later seqs had landed would be
+	// taken for a duplicate (AllowGap) and acked without being written.
+	// One of another content type refuses it (ErrContentType).
 	req := storage.AppendRequest{Records: [][]byte{rec}, Producer: prod, ContentType: "application/json", CreateMissing: true}
 	later := make(chan outcome, 1)
 	srv.cfg.Log.AppendAsync(topic, req, func(res storage.AppendResult, err error) {
