@@ -127,13 +127,15 @@ type benchSub struct {
 	all  *countdown // ticked once when this subscriber has all it expects
 
 	// Owned by the reader.
-	scratch []int64 // send times of one patch, reused
+	scratch []scannedOp // ops of one patch, reused
+	lastID  []byte      // id (offset) of the latest delivery counted
 
 	count       atomic.Int64 // deliveries with a timestamp
 	bad         atomic.Int64 // deliveries whose row had no timestamp
 	fallback    atomic.Int64 // raw: lines the scan did not recognise, decoded instead
 	undecodable atomic.Int64 // raw: fallback lines that did not decode either
 	other       atomic.Int64 // raw: frames (or binary messages) other than our patches, ignored
+	outOfOrder  atomic.Int64 // deliveries whose offset was not after the one before: not counted
 	last        atomic.Int64 // Unix ns of the latest delivery, 0 before
 	target      atomic.Int64 // deliveries expected; -1 until the publisher is done
 	reached     atomic.Bool
@@ -160,10 +162,27 @@ func (s *benchSub) handlePatch(now int64, p *frames.Patch) {
 			s.bad.Add(1)
 			continue
 		}
-		s.hist.record(now - t)
-		n++
+		if s.inOrder([]byte(p.Patches[i].ID)) {
+			s.hist.record(now - t)
+			n++
+		}
 	}
 	s.add(now, n)
+}
+
+// inOrder reports whether a delivery with offset id comes after the last
+// one counted, and then makes it the last; else it counts the delivery as
+// out of order (a duplicate, or one that overtook an earlier offset), and
+// the caller does not count it as delivered. Offsets of one topic grow
+// strictly and have a fixed width (16digits_16digits), so comparing the
+// bytes compares the offsets; a longer id is a later one.
+func (s *benchSub) inOrder(id []byte) bool {
+	if last := s.lastID; len(last) > 0 && (len(id) < len(last) || len(id) == len(last) && bytes.Compare(id, last) <= 0) {
+		s.outOfOrder.Add(1)
+		return false
+	}
+	s.lastID = append(s.lastID[:0], id...)
+	return true
 }
 
 // add counts n deliveries received at now, whose latencies are recorded.
@@ -414,6 +433,7 @@ type loadResult struct {
 	delivered, bad            int64
 	fallback, undecodable     int64     // raw subscriber: lines decoded, not scanned; and of those, undecodable
 	other                     int64     // raw subscriber: other frames received
+	outOfOrder                int64     // deliveries not after the subscriber's last: not counted
 	lastDelivery              time.Time // zero if none
 	disconnects               int
 	firstDisconnect           string
@@ -474,6 +494,7 @@ wait:
 		r.fallback += s.fallback.Load()
 		r.undecodable += s.undecodable.Load()
 		r.other += s.other.Load()
+		r.outOfOrder += s.outOfOrder.Load()
 		last = max(last, s.last.Load())
 		if err := s.conn.Err(); err != nil {
 			r.disconnects++
@@ -601,12 +622,18 @@ type subsJSON struct {
 	FallbackDecodes int64 `json:"fallback_decodes"`
 	Undecodable     int64 `json:"undecodable_frames,omitempty"`
 	OtherFrames     int64 `json:"other_frames"`
+	// Deliveries whose offset was not after the subscriber's previous one
+	// (a duplicate, or a message that overtook an earlier one). They are
+	// not counted as delivered, so the delivery ratio counts each message
+	// once and in order.
+	OutOfOrder int64 `json:"out_of_order"`
 }
 
 func (r loadResult) subsJSON() subsJSON {
 	return subsJSON{
 		SubDisconnects: r.disconnects, FirstDisconnect: r.firstDisconnect,
 		FallbackDecodes: r.fallback, Undecodable: r.undecodable, OtherFrames: r.other,
+		OutOfOrder: r.outOfOrder,
 	}
 }
 
@@ -615,6 +642,9 @@ func (j subsJSON) print(w io.Writer, mode string) {
 	fmt.Fprintf(w, "  subs       %d disconnected", j.SubDisconnects)
 	if j.FirstDisconnect != "" {
 		fmt.Fprintf(w, "; first: %s", j.FirstDisconnect)
+	}
+	if j.OutOfOrder > 0 {
+		fmt.Fprintf(w, "; %d deliveries repeated or out of order (not counted)", j.OutOfOrder)
 	}
 	fmt.Fprintln(w)
 	printRawCounts(w, mode, j.FallbackDecodes, j.Undecodable, j.OtherFrames)

@@ -299,13 +299,17 @@ func (s *benchSub) handleLine(now int64, line []byte) {
 		s.other.Add(1)
 		return
 	}
-	ts, ok := scanPatch(line, rawPatchHead, s.scratch[:0])
-	s.scratch = ts[:0] // keep what it grew to
+	ops, ok := scanPatch(line, rawPatchHead, s.scratch[:0])
+	s.scratch = ops[:0] // keep what it grew to
 	if ok {
-		for _, t := range ts {
-			s.hist.record(now - t)
+		var n int64
+		for _, op := range ops {
+			if s.inOrder(op.id) {
+				s.hist.record(now - op.t)
+				n++
+			}
 		}
-		s.add(now, int64(len(ts)))
+		s.add(now, n)
 		return
 	}
 	s.fallback.Add(1)
@@ -321,26 +325,32 @@ func (s *benchSub) handleLine(now int64, line []byte) {
 	s.other.Add(1)
 }
 
-// scanPatch appends to ts the send time of every op in line, which must be
-// a whole patch frame laid out as the gateway encodes it and starting with
-// head (the frame's prefix for one sid, up to and including
+// scannedOp is an op as scanPatch finds it.
+type scannedOp struct {
+	t  int64  // the bench's send time in the row's data
+	id []byte // the op's id (its offset), unquoted; part of the line
+}
+
+// scanPatch appends to ops the send time and id of every op in line,
+// which must be a whole patch frame laid out as the gateway encodes it and
+// starting with head (the frame's prefix for one sid, up to and including
 // ,"patches":[). Each op must be an insert whose row is laid out as the
 // gateway lays out a topic message's, its data starting with the bench's
 // timestamp (see rowSendTime). It reports false for anything else
 // (another layout, another sid, another op, an op without a time, a
-// truncated line); ts may then have been extended.
-func scanPatch(line, head []byte, ts []int64) ([]int64, bool) {
+// truncated line); ops may then have been extended.
+func scanPatch(line, head []byte, ops []scannedOp) ([]scannedOp, bool) {
 	if !bytes.HasPrefix(line, head) {
-		return ts, false
+		return ops, false
 	}
 	i := len(head)
 	if i < len(line) && line[i] != ']' {
 		for {
-			t, end, ok := scanOp(line, i)
+			t, id, end, ok := scanOp(line, i)
 			if !ok {
-				return ts, false
+				return ops, false
 			}
-			ts = append(ts, t)
+			ops = append(ops, scannedOp{t: t, id: id})
 			if i = end; i >= len(line) || line[i] != ',' {
 				break
 			}
@@ -349,67 +359,67 @@ func scanPatch(line, head []byte, ts []int64) ([]int64, bool) {
 	}
 	rest := line[i:]
 	if !bytes.HasPrefix(rest, patchTail) {
-		return ts, false
+		return ops, false
 	}
 	j := len(patchTail)
 	if j >= len(rest) || rest[j] != '"' {
-		return ts, false
+		return ops, false
 	}
 	j = skipString(rest, j)
-	return ts, j >= 0 && j == len(rest)-2 && rest[j+1] == '}'
+	return ops, j >= 0 && j == len(rest)-2 && rest[j+1] == '}'
 }
 
 // scanOp reads the op at b[i:] as the gateway lays out a topic message's
 // insert (frames.AppendInsertBody around gateway's appendRow),
 // {"op":"insert","id":<lsn>,"row":{"id":<lsn>,"data":{"t":<send time>…},
 // "actorId":…,"at":<n>},"lsn":<lsn>[,"index":<n>]}, and returns the send
-// time and the index just past the op. It checks the fixed parts and finds
+// time, the op's id (unquoted) and the index just past the op. It checks the fixed parts and finds
 // the strings' ends, but it does not parse the rest of the data: at a
 // million deliveries a second, walking each row's JSON cost the bench half
 // its CPU. The row ends at the first },"lsn":<the op's id> after the time
 // that follows ,"at":<n>: a sequence that cannot lie inside a JSON string
 // (its '"' after ',' would be escaped there), and that the bench's own
 // data does not hold.
-func scanOp(b []byte, i int) (t int64, end int, ok bool) {
+func scanOp(b []byte, i int) (t int64, opID []byte, end int, ok bool) {
 	if i = expect(b, i, opInsert); i < 0 || i >= len(b) || b[i] != '"' {
-		return 0, 0, false
+		return 0, nil, 0, false
 	}
 	idStart := i
 	if i = skipString(b, i); i < 0 { // the op's id
-		return 0, 0, false
+		return 0, nil, 0, false
 	}
 	id := b[idStart : i+1] // quoted
 	if i = expect(b, i+1, opRowID); i < 0 || i >= len(b) || b[i] != '"' {
-		return 0, 0, false
+		return 0, nil, 0, false
 	}
 	if i = skipString(b, i); i < 0 { // the row's id
-		return 0, 0, false
+		return 0, nil, 0, false
 	}
 	if i = expect(b, i+1, rowTimeKeyAfterID); i < 0 {
-		return 0, 0, false
+		return 0, nil, 0, false
 	}
 	if t, i, ok = sendTimeAt(b, i); !ok {
-		return 0, 0, false
+		return 0, nil, 0, false
 	}
 	k := bytes.Index(b[i:], opLSN)
 	if k < 0 {
-		return 0, 0, false
+		return 0, nil, 0, false
 	}
 	if !endsWithAt(b[:i+k]) {
-		return 0, 0, false
+		return 0, nil, 0, false
 	}
 	if i = expect(b, i+k+len(opLSN), id); i < 0 {
-		return 0, 0, false
+		return 0, nil, 0, false
 	}
 	if j := expect(b, i, opIndex); j >= 0 { // a query's row position
 		if i = skipInt(b, j); i == j {
-			return 0, 0, false
+			return 0, nil, 0, false
 		}
 	}
 	if i >= len(b) || b[i] != '}' {
-		return 0, 0, false
+		return 0, nil, 0, false
 	}
-	return t, i + 1, true
+	return t, id[1 : len(id)-1], i + 1, true
 }
 
 // endsWithAt reports whether b ends with the row's last member,

@@ -98,8 +98,8 @@ func TestBench_Fanout(t *testing.T) {
 			if r.ServerOverloadTicks == nil || r.ServerWritesBlocked == nil {
 				t.Errorf("pacing figures missing: %+v", r.cpuJSON)
 			}
-			if r.SubDisconnects != 0 {
-				t.Errorf("%d subscribers disconnected: %s", r.SubDisconnects, r.FirstDisconnect)
+			if r.SubDisconnects != 0 || r.OutOfOrder != 0 {
+				t.Errorf("%d subscribers disconnected (%s), %d deliveries out of order", r.SubDisconnects, r.FirstDisconnect, r.OutOfOrder)
 			}
 		})
 	}
@@ -132,8 +132,8 @@ func TestBench_Topics(t *testing.T) {
 			if r.Size != 200 {
 				t.Errorf("size %d, want 200", r.Size)
 			}
-			if r.SubDisconnects != 0 {
-				t.Errorf("%d subscribers disconnected: %s", r.SubDisconnects, r.FirstDisconnect)
+			if r.SubDisconnects != 0 || r.OutOfOrder != 0 {
+				t.Errorf("%d subscribers disconnected (%s), %d deliveries out of order", r.SubDisconnects, r.FirstDisconnect, r.OutOfOrder)
 			}
 		})
 	}
@@ -402,12 +402,19 @@ process_resident_memory_bytes 1.2345e+07
 }
 
 // patchLine encodes a patch for sid with one insert op per send time in
-// ts, each row laid out as the gateway writes a published message.
+// ts, each row laid out as the gateway writes a published message, at
+// offsets 1, 2, ….
 func patchLine(t *testing.T, sid string, ts ...int64) []byte {
+	t.Helper()
+	return patchLineFrom(t, sid, 1, ts...)
+}
+
+// patchLineFrom is patchLine with the ops at offsets first, first+1, ….
+func patchLineFrom(t *testing.T, sid string, first int, ts ...int64) []byte {
 	t.Helper()
 	p := &frames.Patch{SID: sid}
 	for i, ns := range ts {
-		id := fmt.Sprintf("%019d_%019d", 1, i+1)
+		id := fmt.Sprintf("%016d_%016d", 1, first+i)
 		row := fmt.Sprintf(`{"id":%q,"data":{"t":%d,"p":"x"},"actorId":null,"at":1}`, id, ns)
 		p.Patches = append(p.Patches, frames.PatchOp{Op: frames.PatchInsert, ID: id, Row: json.RawMessage(row), LSN: id})
 		p.LSN = id
@@ -479,8 +486,16 @@ func Test_scanPatch(t *testing.T) {
 		{"garbage between ops", []byte(`{"type":"patch","v":1,"sid":"s1","patches":[` + ins("1", rowAt("1", 5)) + `x` + ins("2", rowAt("2", 6)) + `],"lsn":"2"}`), nil},
 		{"empty", nil, nil},
 	}
+	ops, _ := scanPatch(patchLineFrom(t, rawSID, 7, 1, 2), rawPatchHead, nil)
+	if len(ops) != 2 || string(ops[0].id) != "0000000000000001_0000000000000007" || string(ops[1].id) != "0000000000000001_0000000000000008" {
+		t.Errorf("ops of two: %+v", ops)
+	}
 	for _, tt := range tests {
-		got, ok := scanPatch(tt.line, rawPatchHead, nil)
+		ops, ok := scanPatch(tt.line, rawPatchHead, nil)
+		var got []int64
+		for _, op := range ops {
+			got = append(got, op.t)
+		}
 		if ok != (tt.want != nil) || ok && !slices.Equal(got, tt.want) {
 			t.Errorf("%s: scanPatch(%s) = %v, %v; want %v", tt.name, tt.line, got, ok, tt.want)
 		}
@@ -502,13 +517,13 @@ func Benchmark_scanPatch(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var ts []int64
+	var ops []scannedOp
 	b.SetBytes(int64(len(line)))
 	b.ReportAllocs()
 	for b.Loop() {
 		var ok bool
-		if ts, ok = scanPatch(line, rawPatchHead, ts[:0]); !ok || len(ts) != 40 {
-			b.Fatalf("scanPatch = %d times, %v", len(ts), ok)
+		if ops, ok = scanPatch(line, rawPatchHead, ops[:0]); !ok || len(ops) != 40 {
+			b.Fatalf("scanPatch = %d ops, %v", len(ops), ok)
 		}
 	}
 }
@@ -527,7 +542,7 @@ func Test_benchSub_handleMessage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg := slices.Concat(patchLine(t, rawSID, 123), []byte("\n"), patchLine(t, rawSID, 400, 900), []byte("\n"), ack)
+	msg := slices.Concat(patchLine(t, rawSID, 123), []byte("\n"), patchLineFrom(t, rawSID, 2, 400, 900), []byte("\n"), ack)
 	s.handleMessage(now, msg)
 	if s.count.Load() != 3 || s.other.Load() != 1 || s.fallback.Load() != 0 || s.last.Load() != now {
 		t.Errorf("after batch: count %d, other %d, fallback %d, last %d; want 3, 1, 0, %d",
@@ -553,7 +568,7 @@ func Test_benchSub_handleMessage(t *testing.T) {
 
 	// A valid patch in a layout the scan does not know (its sid escaped) is
 	// decoded and counted.
-	odd := bytes.Replace(patchLine(t, rawSID, 600), []byte(`"sid":"s1"`), []byte(`"sid":"s\u0031"`), 1)
+	odd := bytes.Replace(patchLineFrom(t, rawSID, 4, 600), []byte(`"sid":"s1"`), []byte(`"sid":"s\u0031"`), 1)
 	if _, ok := scanPatch(odd, rawPatchHead, nil); ok {
 		t.Fatalf("scanPatch recognised %s", odd)
 	}
@@ -566,6 +581,14 @@ func Test_benchSub_handleMessage(t *testing.T) {
 	case <-all.done:
 	default:
 		t.Error("countdown not done after the expected deliveries")
+	}
+
+	// A delivery at or before the last offset, scanned or decoded, is out
+	// of order and not counted.
+	s.handleLine(now, patchLineFrom(t, rawSID, 4, 700, 800)) // offsets 4 (repeated) and 5
+	s.handleLine(now, odd)                                   // offset 4, decoded
+	if s.outOfOrder.Load() != 2 || s.count.Load() != 5 {
+		t.Errorf("after repeats: out of order %d, count %d; want 2, 5", s.outOfOrder.Load(), s.count.Load())
 	}
 }
 
