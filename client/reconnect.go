@@ -124,7 +124,7 @@ func (c *Client) dialRetry(ctx context.Context) (*conn, error) {
 		var wait time.Duration
 		reason := ""
 		if r, ok := errors.AsType[*retryError](err); ok {
-			wait = c.untilDeadline(r.at, time.Duration(r.frame.AfterMs)*time.Millisecond)
+			wait = c.untilDeadline(r.at, r.frame.Delay())
 			reason = r.reason
 		} else {
 			wait = c.backoff(attempt)
@@ -162,7 +162,7 @@ func (c *Client) supervise(ctx context.Context, cur *conn) {
 		c.mu.Unlock()
 		now := c.opts.Now()
 		if rf != nil {
-			delay := time.Duration(rf.AfterMs) * time.Millisecond
+			delay := rf.Delay()
 			reason, wait, since = rf.Reason, c.untilDeadline(rat, delay), rat.Add(delay)
 			c.emit(Event{Kind: EventReconnectScheduled, At: rat, URL: cur.url, Reason: reason, Delay: delay})
 			attempt = 0 // a server-assigned delay is not a failure
@@ -200,7 +200,7 @@ func (c *Client) supervise(ctx context.Context, cur *conn) {
 			var rerr *retryError
 			switch {
 			case errors.As(err, &rerr):
-				wait = c.untilDeadline(rerr.at, time.Duration(rerr.frame.AfterMs)*time.Millisecond)
+				wait = c.untilDeadline(rerr.at, rerr.frame.Delay())
 				c.emit(Event{Kind: EventDialFailed, URL: url, Attempt: n, Reason: rerr.reason, Delay: wait, Err: err})
 			default:
 				// A refused hello is retried too: the next node may accept.

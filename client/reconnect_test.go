@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"net"
 	"slices"
 	"strconv"
@@ -125,6 +126,28 @@ func TestReconnect_AfterMsExact_FakeClock(t *testing.T) {
 	equal(t, "SessionID", c.SessionID(), "sess-2")
 	h := recv(t, ctx, fs.hellos)
 	equal(t, "hello.clientId", h.ClientID, c.ClientID())
+}
+
+// TestReconnect_AfterMsOverAnHour: an afterMs past frames.MaxAfterMs
+// waits an hour. One past what a Duration holds in milliseconds once
+// wrapped to a negative wait: the client reconnected at once.
+func TestReconnect_AfterMsOverAnHour(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	fs := newFakeServer(t)
+	clock := newFakeClock()
+	var sl sleeps
+	ev := newEvents()
+	dialReconnect(t, fs.url(), &client.Options{Now: clock.now, Sleep: sl.sleep, OnEvent: ev.on})
+	conn := recv(t, ctx, fs.conns)
+	recv(t, ctx, fs.hellos)
+
+	pushFrame(t, ctx, conn, &frames.Reconnect{AfterMs: math.MaxInt64/int64(time.Millisecond) + 1, Reason: frames.ReasonDrain})
+	sched := ev.wait(t, ctx, client.EventReconnectScheduled)
+	equal(t, "Delay", sched.Delay, time.Hour)
+	ev.wait(t, ctx, client.EventResumed)
+	equal(t, "sleeps", len(sl.get()), 1)
+	equal(t, "sleep", sl.get()[0], time.Hour)
 }
 
 func TestReconnect_AfterMs_RealTime(t *testing.T) {

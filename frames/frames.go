@@ -19,7 +19,10 @@
 // Compact JSON never contains a raw newline, so splitting on '\n' is exact.
 package frames
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"time"
+)
 
 // ProtocolVersion is the value of every frame's "v" field.
 const ProtocolVersion = 1
@@ -239,6 +242,16 @@ const (
 type Reconnect struct {
 	AfterMs int64  `json:"afterMs"`
 	Reason  string `json:"reason"`
+}
+
+// MaxAfterMs is the longest wait a reconnect frame asks for: one hour.
+// A server never sends more; a client takes a larger afterMs as this
+// (see [Reconnect.Delay]).
+const MaxAfterMs = 3_600_000
+
+// Delay is how long the client waits: AfterMs, at most MaxAfterMs.
+func (r *Reconnect) Delay() time.Duration {
+	return time.Duration(min(max(r.AfterMs, 0), MaxAfterMs)) * time.Millisecond
 }
 
 // UpdateAvailable tells the client a newer app build is current.

@@ -167,6 +167,15 @@ func afterMs(d time.Duration) int64 {
 	return int64((max(d, 0) + time.Millisecond - 1) / time.Millisecond)
 }
 
+// refuseNotUpgrade answers a request to the WebSocket endpoint that asks
+// for no upgrade (426, counted as a failed handshake).
+func (s *Server) refuseNotUpgrade(w http.ResponseWriter) {
+	s.metrics.rejected[rejectHandshake].Inc()
+	w.Header().Set("Connection", "Upgrade")
+	w.Header().Set("Upgrade", "websocket")
+	http.Error(w, "this endpoint speaks WebSocket only: send an upgrade request (Upgrade: websocket, docs/protocol.md)", http.StatusUpgradeRequired)
+}
+
 // isWebSocketUpgrade reports whether r asks for a WebSocket upgrade.
 func isWebSocketUpgrade(r *http.Request) bool {
 	return strings.EqualFold(r.Header.Get("Upgrade"), "websocket")

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
@@ -93,6 +94,37 @@ type buildRequest struct {
 	BuildID *string `json:"buildId"`
 }
 
+// decodeBuildRequest reads body as exactly one JSON object whose only
+// member is "buildId" (spelled so: encoding/json alone would take any
+// case) holding a string, with nothing after it.
+func decodeBuildRequest(body []byte) (buildRequest, error) {
+	const want = `body must be one JSON object {"buildId": "<non-empty string>"}`
+	var members map[string]json.RawMessage
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&members); err != nil {
+		return buildRequest{}, fmt.Errorf("%s: %w", want, err)
+	}
+	if members == nil {
+		return buildRequest{}, errors.New(want + ", got null")
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return buildRequest{}, errors.New(want + ", found more after it")
+	}
+	var req buildRequest
+	for k, v := range members {
+		if k != "buildId" {
+			return buildRequest{}, fmt.Errorf("%s: unknown member %s", want, quote(k))
+		}
+		if err := json.Unmarshal(v, &req.BuildID); err != nil { // null leaves it nil
+			return buildRequest{}, fmt.Errorf("%s: buildId: %w", want, err)
+		}
+	}
+	if req.BuildID == nil {
+		return buildRequest{}, errors.New(`missing buildId: send {"buildId": "<non-empty string>"}`)
+	}
+	return req, nil
+}
+
 // buildAnswer is the body of a successful POST /v1/admin/build.
 type buildAnswer struct {
 	BuildID  string `json:"buildId"`
@@ -116,21 +148,12 @@ func (s *Server) serveAdminBuild(w http.ResponseWriter, r *http.Request) {
 		adminError(w, http.StatusBadRequest, "reading the body: "+err.Error())
 		return
 	}
-	var req buildRequest
-	dec := json.NewDecoder(strings.NewReader(string(body)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		adminError(w, http.StatusBadRequest, `body must be a JSON object {"buildId": "<non-empty string>"}: `+err.Error())
-		return
-	}
-	if dec.More() {
-		adminError(w, http.StatusBadRequest, `body must be one JSON object {"buildId": "<non-empty string>"}, found more after it`)
+	req, err := decodeBuildRequest(body)
+	if err != nil {
+		adminError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	switch {
-	case req.BuildID == nil:
-		adminError(w, http.StatusBadRequest, `missing buildId: send {"buildId": "<non-empty string>"}`)
-		return
 	case *req.BuildID == "":
 		adminError(w, http.StatusBadRequest, "buildId must not be empty")
 		return

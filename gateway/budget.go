@@ -92,9 +92,7 @@ func (a *acceptBudget) admit(now time.Time) (ok bool, reason string, after time.
 	// the last, it refills from that earlier time again, and a crowd of
 	// goroutines that read the clock before queueing here would leak
 	// tokens. So the order of this lock is the order of time.
-	if now.Before(a.last) {
-		now = a.last
-	}
+	now = maxTime(now, a.last)
 	a.last = now
 	ok = a.lim.AllowN(now, 1)
 	if a.hookForTest != nil {
@@ -108,13 +106,38 @@ func (a *acceptBudget) admit(now time.Time) (ok bool, reason string, after time.
 	return false, rejectRate, a.rateDelay(now)
 }
 
+// full reports whether admit at now would refuse, and then why and for
+// how long, without taking a token or a place: for requests that will not
+// become sessions (a plain GET of the WebSocket endpoint).
+func (a *acceptBudget) full(now time.Time) (reason string, after time.Duration, full bool) {
+	if a.max >= 0 && a.active.Load() >= a.max {
+		return rejectMaxSessions, a.jitter(fullDelayMin, fullDelayMax), true
+	}
+	if a.lim == nil {
+		return "", 0, false
+	}
+	a.mu.Lock()
+	now = maxTime(now, a.last)
+	tokens := a.lim.TokensAt(now)
+	a.mu.Unlock()
+	if tokens >= 1 {
+		return "", 0, false
+	}
+	secs := (1 - tokens) / float64(a.lim.Limit())
+	return rejectRate, time.Duration(min(secs*float64(time.Second), float64(maxRefusalDelay))), true
+}
+
 // release gives back a session admitted by admit.
 func (a *acceptBudget) release() { a.active.Add(-1) }
 
 // rateDelay hands a rate refusal at now the next free slot.
 func (a *acceptBudget) rateDelay(now time.Time) time.Duration {
-	slot := time.Duration(float64(time.Second) / float64(a.lim.Limit()))
-	slot = max(slot, time.Microsecond)
+	// In float first: at a rate under about 1e-10 a second the slot does
+	// not fit a Duration, and such a slot is past maxRefusalDelay anyway.
+	slot := maxRefusalDelay
+	if secs := float64(time.Second) / float64(a.lim.Limit()); secs < float64(maxRefusalDelay) {
+		slot = max(time.Duration(secs), time.Microsecond)
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.horizon.Before(now) {
@@ -126,6 +149,13 @@ func (a *acceptBudget) rateDelay(now time.Time) time.Duration {
 	}
 	a.horizon = a.horizon.Add(slot)
 	return start + time.Duration(a.rnd.Int64N(int64(slot)))
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return b
+	}
+	return a
 }
 
 // jitter returns a delay uniform in [lo, hi).

@@ -140,3 +140,32 @@ func TestAcceptBudget_Off(t *testing.T) {
 		}
 	}
 }
+
+// TestAcceptBudget_TinyRate: at a rate whose token time does not fit a
+// Duration, refusals are still spread over a minute (the slot once
+// overflowed to 1µs: every refused client came straight back).
+func TestAcceptBudget_TinyRate(t *testing.T) {
+	t.Parallel()
+	for _, r := range []float64{1e-3, 1e-11, 1e-300} {
+		b := newAcceptBudget(r, 1, -1, rand.New(rand.NewPCG(1, 2)))
+		now := time.Unix(1_700_000_000, 0)
+		if ok, _, _ := b.admit(now); !ok {
+			t.Fatalf("rate %g: first admit refused", r)
+		}
+		var sum time.Duration
+		const n = 1000
+		for range n {
+			ok, reason, after := b.admit(now)
+			if ok || reason != rejectRate || after <= 0 || after > maxRefusalDelay {
+				t.Fatalf("rate %g: admit = %v, %q, %v", r, ok, reason, after)
+			}
+			sum += after
+		}
+		if mean := sum / n; mean < 20*time.Second || mean > 40*time.Second {
+			t.Errorf("rate %g: mean refusal delay %v, want about 30s (uniform over a minute)", r, mean)
+		}
+		if reason, after, full := b.full(now); !full || reason != rejectRate || after <= 0 || after > maxRefusalDelay {
+			t.Errorf("rate %g: full = %q, %v, %v", r, reason, after, full)
+		}
+	}
+}

@@ -262,3 +262,75 @@ func TestOverload_MaxSessions(t *testing.T) {
 	in.Hello("", 0)
 	_ = keep[1].CloseNow()
 }
+
+// firstFrame dials url, sends hello and returns the server's first frame:
+// its hello if admitted, a reconnect if refused.
+func firstFrame(t *testing.T, url string) (frames.Frame, *websocket.Conn) {
+	t.Helper()
+	c, _, err := websocket.Dial(t.Context(), url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hello, err := frames.Encode(&frames.Hello{Resume: []frames.Cursor{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Write(t.Context(), websocket.MessageText, hello); err != nil {
+		t.Fatal(err)
+	}
+	_, msg, err := c.Read(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := frames.Decode(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, c
+}
+
+// TestOverload_NoTokenForRequestsThatAreNoSessions: a plain GET of the
+// WebSocket endpoint (426) and a client refused for its address spend no
+// accept token. The clock stands still, so the bucket never refills.
+func TestOverload_NoTokenForRequestsThatAreNoSessions(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_700_000_000, 0)
+	srv := newTestServer(t, gateway.Config{AcceptRate: 1, AcceptBurst: 2, MaxSessionsPerIP: 1,
+		Now: func() time.Time { return now }})
+	for range 3 {
+		resp, err := http.Get(srv.ts.URL + "/v1/ws")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUpgradeRequired {
+			t.Fatalf("plain GET: %s, want 426", resp.Status)
+		}
+	}
+	f1, c1 := firstFrame(t, srv.url)
+	if _, ok := f1.(*frames.Hello); !ok {
+		t.Fatalf("first client after plain GETs: %+v, want hello", f1)
+	}
+	for range 3 { // over the per-address cap
+		f, c := firstFrame(t, srv.url)
+		c.CloseNow()
+		if r, ok := f.(*frames.Reconnect); !ok || r.Reason != frames.ReasonOverload {
+			t.Fatalf("client over the address cap: %+v", f)
+		}
+	}
+	_ = c1.Close(websocket.StatusNormalClosure, "")
+	gwtest.Eventually(t, 5*time.Second, "the first session unregistered", func() bool {
+		return strings.Contains(scrape(t, srv.ts.URL), "\nsyncgate_sessions 0\n")
+	})
+	f2, c2 := firstFrame(t, srv.url)
+	defer c2.CloseNow()
+	if _, ok := f2.(*frames.Hello); !ok {
+		t.Fatalf("second session, with a token left of the burst of 2: %+v\n%s", f2, grepLines(scrape(t, srv.ts.URL), "syncgate_sessions_rejected"))
+	}
+	m := scrape(t, srv.ts.URL)
+	for _, want := range []string{`{reason="per_ip"} 3`, `{reason="handshake"} 3`, `{reason="rate_limit"} 0`} {
+		if !strings.Contains(m, "syncgate_sessions_rejected_total"+want) {
+			t.Errorf("metrics lack %s:\n%s", want, grepLines(m, "syncgate_sessions_rejected"))
+		}
+	}
+}

@@ -214,7 +214,8 @@ type Config struct {
 	// sessions' reconnects: session i of n is told to reconnect inside slot
 	// i of DrainSpread/n. Zero means 30s. Negative means no plan: every
 	// session is told afterMs 0 and closed at once (what a server without
-	// a plan does; kept for comparisons).
+	// a plan does; kept for comparisons). At most an hour, as is
+	// DrainGrace: no session is told to wait longer (frames.MaxAfterMs).
 	DrainSpread time.Duration
 
 	// DrainGrace is the time a drain allows after the last slot for the
@@ -233,8 +234,8 @@ type Config struct {
 	AcceptBurst int
 
 	// MaxSessions caps the node's connected sessions; over it new clients
-	// are refused as over the rate. Zero means 100000; negative means no
-	// cap.
+	// are refused as "node full", told to come back in 1-10 s. Zero means
+	// 100000; negative means no cap.
 	MaxSessions int
 
 	// AdminToken enables the admin API (/v1/admin/drain, /v1/admin/build)
@@ -349,6 +350,9 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("gateway: negative limit in config")
 	case c.PresenceTTL < 0, c.PresenceWindow < 0, c.PresenceLeaveGrace < 0, c.PresenceMaxListed < 0:
 		return c, fmt.Errorf("gateway: negative presence setting in config")
+	case c.DrainSpread > maxDrainWindow || c.DrainGrace > maxDrainWindow:
+		// A session's afterMs is at most the spread (frames.MaxAfterMs).
+		return c, fmt.Errorf("gateway: DrainSpread and DrainGrace must be at most %v", maxDrainWindow)
 	case c.MaxWriteDelay > maxPaceDelay || c.OverloadWriteDelay > maxPaceDelay:
 		return c, fmt.Errorf("gateway: MaxWriteDelay and OverloadWriteDelay must be at most %v", maxPaceDelay)
 	case c.Presence == nil && c.PresenceLeaveGrace < c.PresenceWindow:

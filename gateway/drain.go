@@ -16,6 +16,10 @@ import (
 // DrainGrace/2), so it always fits in the grace.
 const maxDrainOverlap = time.Second
 
+// maxDrainWindow bounds Config.DrainSpread and DrainGrace: no session is
+// told to wait longer than frames.MaxAfterMs.
+const maxDrainWindow = frames.MaxAfterMs * time.Millisecond
+
 // drainPlan gives n sessions n delays over spread, in whole milliseconds
 // (the unit of afterMs): delay i lies in slot i, [i·spread/n, (i+1)·spread/n)
 // rounded to milliseconds, uniformly jittered within it by rnd. So every

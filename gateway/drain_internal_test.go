@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -99,5 +100,18 @@ func TestAfterMs_RoundsUp(t *testing.T) {
 		if got := afterMs(d); got != want {
 			t.Errorf("afterMs(%v) = %d, want %d", d, got, want)
 		}
+	}
+}
+
+// TestConfig_DrainBounds: a drain spread or grace over an hour is refused:
+// no session may be told to wait longer than frames.MaxAfterMs.
+func TestConfig_DrainBounds(t *testing.T) {
+	for _, c := range []Config{{DrainSpread: time.Hour + 1}, {DrainGrace: math.MaxInt64}} {
+		if _, err := c.withDefaults(); err == nil {
+			t.Errorf("DrainSpread %v, DrainGrace %v: accepted", c.DrainSpread, c.DrainGrace)
+		}
+	}
+	if _, err := (Config{DrainSpread: time.Hour, DrainGrace: time.Hour}).withDefaults(); err != nil {
+		t.Errorf("an hour each: %v", err)
 	}
 }

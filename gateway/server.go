@@ -194,17 +194,29 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, r, rejectDraining, s.budget.jitter(time.Millisecond, drainRefusalMax))
 		return
 	}
+	if !isWebSocketUpgrade(r) {
+		// It will not become a session, so it spends no token and takes
+		// no place; it is told of a full node all the same.
+		if reason, after, full := s.budget.full(s.cfg.Now()); full {
+			s.refusePlain(w, reason, after)
+			return
+		}
+		s.refuseNotUpgrade(w)
+		return
+	}
 	if !s.checkOrigin(w, r) {
 		return
 	}
-	if ok, reason, after := s.budget.admit(s.cfg.Now()); !ok {
-		s.refuse(w, r, reason, after)
-		return
-	}
+	// The per-address cap before the accept budget: a client refused for
+	// its address must not spend a token that a session could have had.
 	ip := clientIP(r.RemoteAddr)
 	if !s.perIP.acquire(ip) {
-		s.budget.release()
 		s.refuse(w, r, rejectPerIP, s.budget.jitter(fullDelayMin, fullDelayMax))
+		return
+	}
+	if ok, reason, after := s.budget.admit(s.cfg.Now()); !ok {
+		s.perIP.release(ip)
+		s.refuse(w, r, reason, after)
 		return
 	}
 	var netConn *corkConn

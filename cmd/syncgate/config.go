@@ -373,11 +373,14 @@ var settings = []setting{
 		func(c *config, v string) error { c.TLSKey = v; return nil }},
 	{"debug-addr", "SYNCGATE_DEBUG_ADDR", "", "if set, serve Go profiling (/debug/pprof/) on this separate address, e.g. 127.0.0.1:6060",
 		func(c *config, v string) error { c.DebugAddr = v; return nil }},
-	{"drain-spread", "SYNCGATE_DRAIN_SPREAD", "30s", "on SIGTERM/SIGINT or an admin drain, the window over which sessions are told to reconnect, each in its own slot (0s: all at once)",
+	{"drain-spread", "SYNCGATE_DRAIN_SPREAD", "30s", "on SIGTERM/SIGINT or an admin drain, the window over which sessions are told to reconnect, each in its own slot (0s: all at once; at most 1h)",
 		func(c *config, v string) error {
 			d, err := time.ParseDuration(v)
 			if err != nil || d < 0 {
 				return fmt.Errorf("want a duration like 30s, got %q", v)
+			}
+			if d > time.Hour {
+				return fmt.Errorf("at most 1h (clients wait at most an hour), got %q", v)
 			}
 			if d == 0 {
 				d = -1 // gateway.Config: negative means no plan
@@ -385,11 +388,14 @@ var settings = []setting{
 			c.Gateway.DrainSpread = d
 			return nil
 		}},
-	{"drain-grace", "SYNCGATE_DRAIN_GRACE", "5s", "time after the drain spread for the last sessions to close before they are cut",
+	{"drain-grace", "SYNCGATE_DRAIN_GRACE", "5s", "time after the drain spread for the last sessions to close before they are cut (at most 1h)",
 		func(c *config, v string) error {
 			d, err := time.ParseDuration(v)
 			if err != nil || d <= 0 {
 				return fmt.Errorf("want a positive duration like 5s, got %q", v)
+			}
+			if d > time.Hour {
+				return fmt.Errorf("at most 1h, got %q", v)
 			}
 			c.Gateway.DrainGrace = d
 			return nil

@@ -213,6 +213,8 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"write delay over 10s", []string{"-max-write-delay", "11s"}, nil, "-max-write-delay"},
 		{"hello timeout zero", []string{"-hello-timeout", "0s"}, nil, "-hello-timeout"},
 		{"shutdown timeout zero", []string{"-shutdown-timeout", "0s"}, nil, "-shutdown-timeout"},
+		{"drain spread over an hour", []string{"-drain-spread", "61m"}, nil, "-drain-spread"},
+		{"drain grace over an hour", nil, map[string]string{"SYNCGATE_DRAIN_GRACE": "2h"}, "SYNCGATE_DRAIN_GRACE"},
 		{"build id too long", []string{"-build-id", strings.Repeat("b", 257)}, nil, "-build-id"},
 		{"presence ttl zero", nil, map[string]string{"SYNCGATE_PRESENCE_TTL": "0"}, "SYNCGATE_PRESENCE_TTL"},
 		{"max frame huge", nil, map[string]string{"SYNCGATE_MAX_FRAME": "9000000000000000000"}, "SYNCGATE_MAX_FRAME"},
