@@ -88,15 +88,17 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, reason string, a
 		return // a foreign page learns nothing, not even the node's load
 	}
 	s.metrics.rejected[reason].Inc()
-	conn, err := websocket.Accept(w, r, acceptOptions)
+	var nc *corkConn
+	conn, err := websocket.Accept(hijackSizer{w, &nc}, r, acceptOptions)
 	if err != nil {
 		return // Accept has written the HTTP error
 	}
+	nc.timeout = s.cfg.WriteTimeout
 	frameReason, code := frames.ReasonOverload, websocket.StatusTryAgainLater
 	if reason == rejectDraining {
 		frameReason, code = frames.ReasonDrain, websocket.StatusServiceRestart
 	}
-	s.sayReconnect(conn, frameReason, after, code, refusalText[reason])
+	s.sayReconnect(conn, nc, frameReason, after, code, refusalText[reason])
 }
 
 // acceptOptions are the options of every websocket.Accept. The Origin has
@@ -141,11 +143,18 @@ func (s *Server) refusePlain(w http.ResponseWriter, reason string, after time.Du
 }
 
 // sayReconnect sends one reconnect frame on a connection that is not a
-// session, then closes it with code. The close waits (briefly, bounded by
-// coder/websocket) for the client's close frame, reading and discarding
-// whatever it sent meanwhile: closing the socket on unread data would
-// reset the connection and could lose the reconnect frame.
-func (s *Server) sayReconnect(conn *websocket.Conn, reason string, after time.Duration, code websocket.StatusCode, text string) {
+// session (nc is its socket), then closes it with code. The close waits
+// (briefly, bounded by coder/websocket) for the client's close frame,
+// reading and discarding whatever it sent meanwhile: closing the socket on
+// unread data would reset the connection and could lose the reconnect
+// frame. The caller is joined to s.wg; when Shutdown's ctx ends, it cuts
+// the socket (cutRefusals) and the wait ends at once.
+func (s *Server) sayReconnect(conn *websocket.Conn, nc *corkConn, reason string, after time.Duration, code websocket.StatusCode, text string) {
+	if !s.holdRefusal(nc) {
+		_ = conn.CloseNow()
+		return
+	}
+	defer s.dropRefusal(nc)
 	b, err := frames.Encode(&frames.Reconnect{AfterMs: afterMs(after), Reason: reason})
 	if err != nil {
 		_ = conn.CloseNow() // our own frame: unreachable
@@ -159,6 +168,35 @@ func (s *Server) sayReconnect(conn *websocket.Conn, reason string, after time.Du
 	}
 	s.metrics.framesOut[idxReconnect].Inc()
 	_ = conn.Close(code, text)
+}
+
+// holdRefusal records a refused connection's socket, for Shutdown to cut;
+// false if Shutdown is already cutting.
+func (s *Server) holdRefusal(nc *corkConn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cutting {
+		return false
+	}
+	s.refusals[nc] = struct{}{}
+	return true
+}
+
+func (s *Server) dropRefusal(nc *corkConn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.refusals, nc)
+}
+
+// cutRefusals closes the socket of every refused connection still saying
+// reconnect, and of any that comes after.
+func (s *Server) cutRefusals() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cutting = true
+	for nc := range s.refusals {
+		_ = nc.Close()
+	}
 }
 
 // afterMs is d in whole milliseconds, rounded up: a client that waits

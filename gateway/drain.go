@@ -105,7 +105,7 @@ func (s *Server) Drain(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	for _, sess := range open {
-		_ = sess.conn.CloseNow()
+		sess.cut()
 	}
 	<-d.idle
 	if len(open) == 0 {

@@ -284,3 +284,54 @@ func TestDrain_EmptyNodeAndShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDrain_CutsSessionsAlreadyClosing: a session whose close handshake is
+// under way when the drain's time is up (its close frame went out, the
+// peer never answers) is cut too. coder/websocket's CloseNow does not end
+// a Close in progress, so the drain once waited out the library's 5 s.
+func TestDrain_CutsSessionsAlreadyClosing(t *testing.T) {
+	t.Parallel()
+	// Slot close at about spread + grace/2 = 101 ms; the cut at 201 ms.
+	srv := newTestServer(t, gateway.Config{DrainSpread: time.Millisecond, DrainGrace: 200 * time.Millisecond})
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0)
+	// c reads nothing from here on.
+	start := time.Now()
+	err := srv.gw.Drain(context.Background())
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("drain: %v, want it to say it cut a session", err)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("drain took %v, its bound spread + grace is 201ms", took)
+	}
+}
+
+// TestDrain_ShutdownCutsRefusals: a client turned away by a draining node
+// (reconnect, then close 1012) that never answers the close is cut when
+// Shutdown's ctx ends, as sessions are.
+func TestDrain_ShutdownCutsRefusals(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{})
+	if err := srv.gw.Drain(t.Context()); err != nil { // no sessions: the node stays draining
+		t.Fatal(err)
+	}
+	c, _, err := websocket.Dial(t.Context(), srv.url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	// The refusal has written its frame and waits for a close this client
+	// never sends (it reads nothing).
+	gwtest.Eventually(t, gwtest.Timeout, "the reconnect frame written", func() bool {
+		return strings.Contains(scrape(t, srv.ts.URL), `syncgate_frames_out_total{type="reconnect"} 1`)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if err := srv.gw.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("shutdown: %v, want the deadline", err)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("shutdown took %v with a 200ms ctx", took)
+	}
+}

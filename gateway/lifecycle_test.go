@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"os"
 	"regexp"
@@ -57,6 +58,26 @@ func get(t testing.TB, url string) int {
 	}
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// TestGateway_ShutdownCutsClosingSessions: when Shutdown's ctx ends, a
+// session already in its close handshake (1001 sent, the peer never
+// answers) is cut, as Shutdown's doc says, not waited for.
+func TestGateway_ShutdownCutsClosingSessions(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{})
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0)
+	// c reads nothing from here on.
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if err := srv.gw.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("shutdown: %v, want the deadline", err)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("shutdown took %v with a 200ms ctx", took)
+	}
 }
 
 func TestGateway_Metrics(t *testing.T) {

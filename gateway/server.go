@@ -74,9 +74,11 @@ type Server struct {
 	tailers map[string]*tailer // guarded by tailMu: persisted topics with local subscribers
 
 	mu       sync.Mutex
-	sessions map[*session]struct{} // guarded by mu
-	drain    *drainRun             // guarded by mu: nil until Drain starts
-	wg       sync.WaitGroup        // session handlers, refusals, the sweeper, the drain
+	sessions map[*session]struct{}  // guarded by mu
+	refusals map[*corkConn]struct{} // guarded by mu: refused connections saying reconnect (sayReconnect)
+	cutting  bool                   // guarded by mu: Shutdown's ctx ended; refusals are cut
+	drain    *drainRun              // guarded by mu: nil until Drain starts
+	wg       sync.WaitGroup         // session handlers, refusals, the sweeper, the drain
 }
 
 // New returns a Server for cfg (see [Config] for defaults).
@@ -99,6 +101,7 @@ func New(cfg Config) (*Server, error) {
 		seq:       &sequencer{seed: maphash.MakeSeed(), hi: uint64(cfg.Now().UnixMilli())},
 		producers: &producers{window: cfg.ProducerWindow, idle: cfg.ProducerIdle, max: cfg.MaxProducers, m: map[string]*producer{}},
 		sessions:  map[*session]struct{}{},
+		refusals:  map[*corkConn]struct{}{},
 		tailers:   map[string]*tailer{},
 		stopSweep: make(chan struct{}),
 		drainReq:  make(chan struct{}),
@@ -239,12 +242,16 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 		if s.track() {
 			defer s.wg.Done()
 			s.metrics.rejected[rejectDraining].Inc()
-			s.sayReconnect(conn, frames.ReasonDrain, s.budget.jitter(time.Millisecond, drainRefusalMax),
+			s.sayReconnect(conn, netConn, frames.ReasonDrain, s.budget.jitter(time.Millisecond, drainRefusalMax),
 				websocket.StatusServiceRestart, refusalText[rejectDraining])
 			return
 		}
 		s.metrics.rejected[rejectShutdown].Inc()
+		// Shutdown does not wait for this handler: bound the close
+		// handshake well under the library's 5 s.
+		t := time.AfterFunc(time.Second, func() { _ = netConn.Close() })
 		_ = conn.Close(websocket.StatusGoingAway, closeReasons[reasonShutdown].text)
+		t.Stop()
 		return
 	}
 	s.metrics.accepted.Inc()
@@ -329,8 +336,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 		err = ctx.Err()
 		for _, sess := range sessions {
-			_ = sess.conn.CloseNow()
+			sess.cut()
 		}
+		s.cutRefusals()
 		<-done
 	}
 	if s.pool != nil {

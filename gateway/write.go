@@ -418,6 +418,17 @@ func (s *session) ownWriter(first *writeRound) {
 	s.writeLoop(s.ctx, first)
 }
 
+// cut ends the connection at once, without a close handshake, also one
+// whose handshake is under way: coder/websocket's CloseNow then only waits
+// for that Close (up to 5 s for a peer that never answers), so the socket
+// itself is closed too, which fails the handshake's reads and writes.
+func (s *session) cut() {
+	if s.netConn != nil {
+		_ = s.netConn.Close()
+	}
+	_ = s.conn.CloseNow()
+}
+
 // finish ends the connection for reason: on shutdown and drain it first
 // delivers what is already queued (acks included).
 func (s *session) finish(ctx context.Context, r closeReason, items []outItem) {

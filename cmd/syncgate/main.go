@@ -23,7 +23,7 @@ import (
 var version = ""
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signalContext()
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
 		if !errors.Is(err, errUsage) {
@@ -31,6 +31,19 @@ func main() {
 		}
 		os.Exit(1)
 	}
+}
+
+// signalContext returns a context cancelled by the first SIGINT or
+// SIGTERM, on which the node drains. From then on the two signals have
+// their default action again, so a second one ends the process at once,
+// as an operator who does not want to wait out the drain expects.
+func signalContext() (context.Context, context.CancelFunc) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
+	return ctx, stop
 }
 
 // errUsage means the usage text was already printed.

@@ -96,7 +96,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		_ = gw.Shutdown(context.Background())
 		return fmt.Errorf("http server: %w", err)
 	case <-ctx.Done():
-		log.Info("signal received: draining")
+		log.Info("signal received: draining (send it again to stop at once)")
 	case <-gw.DrainRequested():
 		log.Info("admin drain requested: draining")
 	}
