@@ -87,12 +87,13 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, reason string, a
 	if !s.checkOrigin(w, r) {
 		return // a foreign page learns nothing, not even the node's load
 	}
-	s.metrics.rejected[reason].Inc()
 	var nc *corkConn
 	conn, err := websocket.Accept(hijackSizer{w, &nc}, r, acceptOptions)
 	if err != nil {
+		s.metrics.rejected[rejectHandshake].Inc()
 		return // Accept has written the HTTP error
 	}
+	s.metrics.rejected[reason].Inc()
 	nc.timeout = s.cfg.WriteTimeout
 	frameReason, code := frames.ReasonOverload, websocket.StatusTryAgainLater
 	if reason == rejectDraining {

@@ -334,3 +334,39 @@ func TestOverload_NoTokenForRequestsThatAreNoSessions(t *testing.T) {
 		}
 	}
 }
+
+// TestOverload_FailedRefusalCountsAsHandshake: an over-budget request that
+// asks for an upgrade but fails the handshake (a wrong version) is
+// counted as a failed handshake, not as a refusal it never received.
+func TestOverload_FailedRefusalCountsAsHandshake(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_700_000_000, 0)
+	srv := newTestServer(t, gateway.Config{AcceptRate: 1, AcceptBurst: 1, Now: func() time.Time { return now }})
+	f, c := firstFrame(t, srv.url) // the only token
+	defer c.CloseNow()
+	if _, ok := f.(*frames.Hello); !ok {
+		t.Fatalf("first client: %+v", f)
+	}
+	req, err := http.NewRequest("GET", srv.ts.URL+"/v1/ws", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "websocket")
+	req.Header.Set("Sec-WebSocket-Version", "12")
+	req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		t.Fatalf("version 12 upgraded")
+	}
+	m := scrape(t, srv.ts.URL)
+	for _, want := range []string{`{reason="handshake"} 1`, `{reason="rate_limit"} 0`} {
+		if !strings.Contains(m, "syncgate_sessions_rejected_total"+want) {
+			t.Errorf("metrics lack %s:\n%s", want, grepLines(m, "syncgate_sessions_rejected"))
+		}
+	}
+}

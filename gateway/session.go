@@ -345,18 +345,22 @@ func (s *session) spawnWriter() {
 	go s.ownWriter(nil)
 }
 
-// enqueue queues it for the writer. A full queue closes the session as a
-// slow consumer.
-func (s *session) enqueue(it outItem) {
+// enqueue queues it for the writer and reports whether it did: a full
+// queue closes the session as a slow consumer, and a closing session
+// takes nothing more.
+func (s *session) enqueue(it outItem) (queued bool) {
 	switch s.q.push(it, s.srv.cfg.SendQueueMessages, s.srv.cfg.SendQueueBytes) {
 	case pushedStart:
 		s.spawnWriter()
 	case pushFull:
 		s.srv.metrics.drops[dropQueueFull].Inc()
 		s.closeWith(reasonSlowConsumer)
+		return false
 	case pushClosed:
 		s.srv.metrics.drops[dropSessionClosed].Inc()
+		return false
 	}
+	return true
 }
 
 // sendFrameCap is the first buffer size for a frame send encodes: enough

@@ -53,8 +53,9 @@ func (s *Server) setBuildID(id string) int {
 	for _, sess := range sessions {
 		// clientBuild and helloAnswered are guarded by buildMu.
 		if sess.helloAnswered && sess.clientBuild != "" && sess.clientBuild != id {
-			sess.enqueue(outItem{body: b, kind: idxUpdateAvailable}) // one encoding for all
-			n++
+			if sess.enqueue(outItem{body: b, kind: idxUpdateAvailable}) { // one encoding for all
+				n++ // not a session already closing
+			}
 		}
 	}
 	return n
