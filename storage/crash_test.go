@@ -71,8 +71,13 @@ func TestCrash(t *testing.T) {
 				var seq int64
 				var off string
 				var dup bool
-				if !strings.HasPrefix(sc.Text(), "ACK ") {
+				switch line := sc.Text(); {
+				case strings.HasPrefix(line, "ERR "), strings.HasPrefix(line, "--- FAIL"):
+					// The child's own failure: an append that erred.
+					t.Errorf("child: %s", line)
 					continue
+				case !strings.HasPrefix(line, "ACK "):
+					continue // go test's own lines
 				}
 				if _, err := fmt.Sscanf(sc.Text(), "ACK %d %d %s %t", &p, &seq, &off, &dup); err != nil {
 					t.Errorf("bad line %q: %v", sc.Text(), err)
@@ -93,7 +98,12 @@ func TestCrash(t *testing.T) {
 		time.Sleep(time.Duration(20+rand.IntN(180)) * time.Millisecond)
 		cmd.Process.Signal(syscall.SIGKILL)
 		<-done
-		cmd.Wait()
+		// Killed, not ended by itself: a child that stopped early (it
+		// could not open the DB, say) would leave nothing to check.
+		err = cmd.Wait()
+		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+			t.Fatalf("child ended by itself before the kill: %v", err)
+		}
 		kills++
 	}
 	if kills < 20 {
@@ -156,6 +166,11 @@ func TestCrash(t *testing.T) {
 	if len(acked) < 200 {
 		t.Fatalf("only %d acknowledged appends", len(acked))
 	}
+	if dups == 0 {
+		// Each restart resumes a few seqs back: some must be answered as
+		// duplicates, or the retry path went untested.
+		t.Fatal("no append was acknowledged as a duplicate on retry")
+	}
 	t.Logf("%d kills, %d acked appends (%d acked as duplicates on retry), %d records in %v", kills, len(acked), dups, len(seen), time.Since(start).Round(time.Millisecond))
 }
 
@@ -210,7 +225,9 @@ func TestCrashChild(t *testing.T) {
 					Producer: &storage.Producer{ID: fmt.Sprintf("p%02d", p), Seq: seq},
 				})
 				if err != nil {
-					t.Error(err)
+					mu.Lock()
+					fmt.Fprintf(os.Stdout, "ERR p%02d seq %d: %v\n", p, seq, err)
+					mu.Unlock()
 					return
 				}
 				mu.Lock()
