@@ -215,7 +215,15 @@ func TestReconnect_MakeBeforeBreak(t *testing.T) {
 		defer close(pubDone)
 		for i := range n {
 			if i == n/4 {
-				pushFrame(t, ctx, old, &frames.Reconnect{AfterMs: 0, Reason: frames.ReasonDrain})
+				// Not pushFrame: t.Fatal must not run on this goroutine.
+				b, err := frames.Encode(&frames.Reconnect{AfterMs: 0, Reason: frames.ReasonDrain})
+				if err == nil {
+					err = old.Write(ctx, websocket.MessageText, b)
+				}
+				if err != nil {
+					t.Errorf("sending reconnect: %v", err)
+					return
+				}
 			}
 			if i == 3*n/4 {
 				<-moved
@@ -234,6 +242,9 @@ func TestReconnect_MakeBeforeBreak(t *testing.T) {
 	// take-over.
 	equal(t, "old connection's close", recv(t, ctx, fs.closes), websocket.StatusNormalClosure)
 	recv(t, ctx, pubDone)
+	if t.Failed() || len(want) == 0 {
+		t.FailNow() // the publisher said why
+	}
 
 	// Wait for the last message, then compare.
 	last := want[len(want)-1]

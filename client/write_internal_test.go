@@ -294,7 +294,11 @@ func TestWriteBatches_Exact(t *testing.T) {
 	if err := cn.writeBatches(q); err != nil {
 		t.Fatal(err)
 	}
-	for _, w := range []string{"1234\n5678", "9"} {
+	// "1234\n56789" would be 10 bytes: two messages.
+	if err := cn.writeBatches([]outMsg{{b: []byte("1234")}, {b: []byte("56789")}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"1234\n5678", "9", "1234", "56789"} {
 		if got := recvMsg(t, msgs); got != w {
 			t.Fatalf("message = %q, want %q", got, w)
 		}

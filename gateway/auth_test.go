@@ -252,8 +252,11 @@ func expiringClock(lead time.Duration) (now func() time.Time, exp time.Time) {
 
 func TestAuth_ExpiryRefreshAndGrace(t *testing.T) {
 	t.Parallel()
-	now, exp := expiringClock(400 * time.Millisecond)
-	a := newAuthServer(t, gateway.Config{TokenGrace: 600 * time.Millisecond}, now, auth.Config{Leeway: -1})
+	// Leads long enough for the setup (four dials and hellos, three
+	// subscribes) and for the steps in the grace, on a loaded machine
+	// under -race.
+	now, exp := expiringClock(2 * time.Second)
+	a := newAuthServer(t, gateway.Config{TokenGrace: 2 * time.Second}, now, auth.Config{Leeway: -1})
 	token := func(sub string, e time.Time) string {
 		c := a.claims(sub, 0, all)
 		c.ExpiresAt = jwt.NewNumericDate(e)

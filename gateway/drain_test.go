@@ -101,7 +101,9 @@ func TestDrain_SpreadsSessionsAndLosesNothing(t *testing.T) {
 	go func() {
 		var d drained
 		for seq := int64(0); ; seq++ {
-			pub.Send(&frames.Mutate{Key: fmt.Sprintf("k%d", seq), Seq: seq, Name: "publish",
+			// A write that fails (the drain closed the connection) is seen
+			// by the read below, which ends the loop.
+			_ = pub.SendErr(&frames.Mutate{Key: fmt.Sprintf("k%d", seq), Seq: seq, Name: "publish",
 				Input: []byte(fmt.Sprintf(`{"topic":"chat:room","data":%d}`, seq))})
 			for {
 				f, err := pub.NextErr(gwtest.Timeout)

@@ -236,10 +236,18 @@ func TestGateway_DropByQueryTarget(t *testing.T) {
 	c := gwtest.Dial(t, srv.url, nil)
 	c.Hello("", 0)
 	c.Subscribe("a", "t")
+	c.Subscribe("b", "u")
 	c.Send(&frames.Subscribe{Op: frames.OpDrop, SID: "a", Target: frames.Target{Kind: frames.TargetQuery, QID: "q", Input: []byte(`{}`)}})
 	if ack := gwtest.Expect[*frames.Ack](c); ack.Ref != "a" || ack.Error != nil {
 		t.Fatalf("drop ack %+v", ack)
 	}
+	// Dropped, as TestGateway_DropStopsPatches checks for a topic target.
+	c.Publish("k0", 0, "t", `"dropped"`)
+	c.Publish("k1", 1, "u", `"kept"`)
+	if p := gwtest.Expect[*frames.Patch](c); p.SID != "b" {
+		t.Fatalf("patch after drop: %+v", p)
+	}
+	c.Subscribe("a", "t") // the sid is free again
 }
 
 // A client that published through node A, then B, then A again

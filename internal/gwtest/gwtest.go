@@ -72,6 +72,19 @@ func (c *Conn) Send(f frames.Frame) {
 	c.SendRaw(string(b))
 }
 
+// SendErr is Send for goroutines other than the test's: it returns the
+// error instead of failing the test (t.Fatal must not be called from
+// them).
+func (c *Conn) SendErr(f frames.Frame) error {
+	b, err := frames.Encode(f)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	return c.C.Write(ctx, websocket.MessageText, b)
+}
+
 // Next returns the next frame, failing the test after Timeout.
 func (c *Conn) Next() frames.Frame {
 	c.t.Helper()
