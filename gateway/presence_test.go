@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -532,5 +533,61 @@ func TestPresence_RejoinSendsNoSecondSync(t *testing.T) {
 	}
 	if sync := join(t, c, "room", `{"n":3}`); memberIDs(sync.Members) != "tab" {
 		t.Fatalf("sync after leave and join: %+v", sync)
+	}
+}
+
+// stallRegistry is a registry whose first Refresh, once armed, finds its
+// holder gone, as after a stall longer than the TTL: it drops the holder
+// and answers ErrNotJoined.
+type stallRegistry struct {
+	presence.Registry
+	armed, stalled atomic.Bool
+}
+
+func (r *stallRegistry) Refresh(ctx context.Context, holder string) error {
+	if r.armed.Load() && r.stalled.CompareAndSwap(false, true) {
+		if err := r.Registry.LeaveAll(ctx, holder); err != nil {
+			return err
+		}
+		return presence.ErrNotJoined
+	}
+	return r.Registry.Refresh(ctx, holder)
+}
+
+// TestPresence_RejoinAfterStall: a live session whose hold expired (its
+// Refresh says ErrNotJoined) is joined again by the refresh loop with the
+// state it last wrote, and counted in syncgate_presence_rejoins_total.
+func TestPresence_RejoinAfterStall(t *testing.T) {
+	t.Parallel()
+	const ttl = 300 * time.Millisecond
+	mem, err := presence.NewMemoryRegistry(presence.Config{TTL: ttl, Window: 20 * time.Millisecond, LeaveGrace: 40 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := &stallRegistry{Registry: mem}
+	srv := newTestServer(t, gateway.Config{Presence: reg, PresenceTTL: ttl, PresenceWindow: 20 * time.Millisecond})
+	a := gwtest.Dial(t, srv.url, nil)
+	a.Hello("live", 0)
+	a.Subscribe("s", "room")
+	join(t, a, "room", `{"name":"Ada"}`)
+	if presenceAck(a, "room", frames.PresenceUpdate, `{"name":"Ada","typing":true}`, 0) != "" {
+		t.Fatal("update refused")
+	}
+	reg.armed.Store(true)
+	gwtest.Eventually(t, gwtest.Timeout, "a rejoin counted", func() bool {
+		return strings.Contains(scrape(t, srv.ts.URL), "\nsyncgate_presence_rejoins_total 1\n")
+	})
+	b := gwtest.Dial(t, srv.url, nil)
+	b.Hello("", 0)
+	b.Subscribe("s", "room")
+	sync := join(t, b, "room", `null`)
+	var live *frames.Member
+	for i := range sync.Members {
+		if sync.Members[i].ID == "live" {
+			live = &sync.Members[i]
+		}
+	}
+	if live == nil || string(live.Meta) != `{"name":"Ada","typing":true}` {
+		t.Fatalf("after the stall the sync lists %s, live = %+v; want live with its last meta", memberIDs(sync.Members), live)
 	}
 }

@@ -25,6 +25,36 @@ func TestProducers_Cap(t *testing.T) {
 	}
 }
 
+// TestProducers_Sweep: the sweep forgets a producer idle for longer than
+// idle, and keeps one idle for less and one a session holds (however old
+// its last release), so a live client's seqs and acks are never lost.
+func TestProducers_Sweep(t *testing.T) {
+	tab := &producers{window: 4, idle: time.Hour, max: 100, m: map[string]*producer{}}
+	t0 := time.Unix(1000, 0)
+	old := tab.acquire("old", 0)
+	tab.release(old, t0)
+	recent := tab.acquire("recent", 0)
+	tab.release(recent, t0.Add(30*time.Minute))
+	held := tab.acquire("held", 0)
+	tab.acquire("held", 0) // a second session
+	tab.release(held, t0)  // the first one left long ago
+	if n := tab.sweep(t0.Add(time.Hour)); n != 0 {
+		t.Fatalf("sweep at exactly idle forgot %d", n)
+	}
+	if n := tab.sweep(t0.Add(time.Hour + time.Second)); n != 1 {
+		t.Fatalf("sweep forgot %d producers, want 1 (old)", n)
+	}
+	if _, ok := tab.m["old"]; ok {
+		t.Fatal("the producer idle past idle is kept")
+	}
+	if tab.m["recent"] != recent || tab.m["held"] != held {
+		t.Fatalf("table = %v: want recent and held kept", tab.m)
+	}
+	if n := tab.sweep(t0.Add(100 * time.Hour)); n != 1 || tab.m["held"] != held {
+		t.Fatalf("much later: forgot %d, held kept %v; want 1 (recent) and held kept", n, tab.m["held"] == held)
+	}
+}
+
 // TestProducer_PendingOutcome: a mutate whose outcome comes later is
 // recorded at once, so the next seq runs meanwhile, and a retry of it is
 // answered with the outcome once it arrives.

@@ -408,6 +408,30 @@ func TestDB_ProducerExpiry(t *testing.T) {
 	}
 }
 
+// TestDB_ProducerExpiryOnAppend: a producer idle past ProducerTTL is
+// forgotten by the append that finds it, before any maintenance pass has
+// removed it: its seq 0 is a new record, not a duplicate of the old one.
+func TestDB_ProducerExpiryOnAppend(t *testing.T) {
+	clk := newClock()
+	db := openDB(t, &storage.Options{Now: clk.Now, NoSync: true, ProducerTTL: time.Hour})
+	mustCreate(t, db, "s", storage.CreateOptions{})
+	for i := range 3 {
+		mustAppend(t, db, "s", storage.AppendRequest{Records: rec("old"), Producer: &storage.Producer{ID: "p", Seq: int64(i)}})
+	}
+	clk.Advance(2 * time.Hour)
+	r := mustAppend(t, db, "s", storage.AppendRequest{Records: rec("new"), Producer: &storage.Producer{ID: "p", Seq: 0}})
+	if r.Duplicate {
+		t.Fatal("a producer idle past its TTL: seq 0 answered as a duplicate, the record dropped")
+	}
+	res, err := db.Read(t.Context(), "s", storage.ZeroOffset, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(res.Records); n != 4 || string(res.Records[3].Data) != "new" {
+		t.Fatalf("log has %d records, last %q; want 4, the last \"new\"", n, res.Records[n-1].Data)
+	}
+}
+
 func TestDB_Compaction(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "log.db")
 	opts := &storage.Options{NoSync: true, PruneBatch: 1000}
