@@ -980,3 +980,29 @@ func TestPersisted_HeldPatchesBoundedInBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestPersisted_FencedInTheLog: a client whose producer the log has seen
+// at a higher epoch (another node, or an HTTP writer with its producer
+// id) is answered X_EPOCH_FENCED, and nothing of it is written.
+func TestPersisted_FencedInTheLog(t *testing.T) {
+	t.Parallel()
+	n := startPersistNode(t, t.TempDir())
+	if _, _, err := n.db.Create(t.Context(), "chat:f", storage.CreateOptions{ContentType: "application/json"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.db.Append(t.Context(), "chat:f", storage.AppendRequest{
+		Records: [][]byte{[]byte(`"newer"`)}, Producer: &storage.Producer{ID: "app", Epoch: 5, Seq: 0},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c := gwtest.Dial(t, n.url, nil)
+	c.Hello("app", 1)
+	ack := c.Publish("k0", 0, "chat:f", `"older"`)
+	if ack.Error == nil || ack.Error.Code != frames.CodeEpochFenced || ack.LSN != nil {
+		t.Fatalf("publish from a fenced epoch: %+v", ack)
+	}
+	res, err := n.db.Read(t.Context(), "chat:f", storage.ZeroOffset, 0)
+	if err != nil || len(res.Records) != 1 {
+		t.Fatalf("log: %d records, %v; want only the newer epoch's", len(res.Records), err)
+	}
+}
