@@ -88,6 +88,17 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
 	h.Set("Access-Control-Allow-Origin", "*")
 	h.Set("Access-Control-Expose-Headers", corsExposeHeaders)
 
+	// Without token keys a request carries no credential, so any page the
+	// browser has open could read, write and delete streams (the loopback
+	// rule does not help: the browser is on loopback). There, the Origin
+	// allowlist applies, as on /v1/ws; with token keys the token is the
+	// credential, and pages of any origin may use the API with one.
+	if s.cfg.Verifier == nil && !s.origins.Allow(r.Header.Get("Origin"), r.Host) {
+		s.fail(w, r, &requestError{http.StatusForbidden, "origin " + quote(r.Header.Get("Origin")) +
+			" not allowed: without token keys the stream API serves only pages of the same host or of SYNCGATE_ALLOWED_ORIGINS (docs/security.md)"})
+		return
+	}
+
 	if r.Method == http.MethodOptions {
 		h.Set("Access-Control-Allow-Methods", corsAllowMethods)
 		h.Set("Access-Control-Allow-Headers", corsAllowHeaders)

@@ -16,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/syncgate/syncgate/auth"
 	"github.com/syncgate/syncgate/gateway"
 	"github.com/syncgate/syncgate/storage"
 )
@@ -211,7 +214,7 @@ func TestStreamHTTP_CreateAppendRead(t *testing.T) {
 
 func TestStreamHTTP_Headers(t *testing.T) {
 	t.Parallel()
-	s := newStreamServer(t, gateway.Config{})
+	s := newStreamServer(t, gateway.Config{AllowedOrigins: []string{"http://example.com"}})
 	check := func(r reply) {
 		t.Helper()
 		r.wantHeader(t, "X-Content-Type-Options", "nosniff").
@@ -233,6 +236,39 @@ func TestStreamHTTP_Headers(t *testing.T) {
 		t.Fatalf("Access-Control-Allow-Headers %q", r.header.Get("Access-Control-Allow-Headers"))
 	}
 	check(s.do(t, "PATCH", "/v1/stream/h", nil, "").want(t, 405))
+}
+
+// TestStreamHTTP_OriginWithoutTokens: without token keys, a request from
+// a page of a foreign origin (a preflight too) is refused 403 and changes
+// nothing; no Origin (curl, a backend), the same host, or an allowlisted
+// origin pass. With token keys the token decides, whatever the origin.
+func TestStreamHTTP_OriginWithoutTokens(t *testing.T) {
+	t.Parallel()
+	s := newStreamServer(t, gateway.Config{AllowedOrigins: []string{"https://app.example"}})
+	const p = "/v1/stream/o"
+	s.do(t, "PUT", p, hdr("Content-Type", "text/plain"), "a").want(t, 201)
+	evil := func(kv ...string) http.Header {
+		return hdr(append([]string{"Origin", "http://evil.example"}, kv...)...)
+	}
+	s.do(t, "POST", p, evil("Content-Type", "text/plain"), "evil").want(t, 403)
+	s.do(t, "DELETE", p, evil(), "").want(t, 403)
+	s.do(t, "GET", p, evil(), "").want(t, 403)
+	s.do(t, "OPTIONS", p, evil("Access-Control-Request-Method", "DELETE"), "").want(t, 403)
+	s.do(t, "POST", p, hdr("Origin", "null", "Content-Type", "text/plain"), "evil").want(t, 403)
+	s.do(t, "POST", p, hdr("Origin", "https://app.example", "Content-Type", "text/plain"), "b").want(t, 204)
+	s.do(t, "POST", p, hdr("Origin", s.base, "Content-Type", "text/plain"), "c").want(t, 204)
+	s.do(t, "GET", p, nil, "").want(t, 200).wantBody(t, "abc")
+
+	v, err := auth.New(auth.Config{Secret: testSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := newStreamServer(t, gateway.Config{Verifier: v})
+	tok := sign(t, jwt.SigningMethodHS256, testSecret, auth.Claims{
+		RegisteredClaims: jwt.RegisteredClaims{Subject: "u", ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))},
+		Topics:           auth.TopicClaims{Subscribe: []string{"**"}, Manage: []string{"**"}}})
+	ts.do(t, "PUT", p, evil("Authorization", "Bearer "+tok), "").want(t, 201)
+	ts.do(t, "GET", p, evil(), "").want(t, 401)
 }
 
 func TestStreamHTTP_ETag(t *testing.T) {

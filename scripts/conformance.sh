@@ -38,7 +38,10 @@ fi
 # A free port: bind :0, read it, release it.
 port=$(node -e 'const s = require("net").createServer(); s.listen(0, "127.0.0.1", () => { console.log(s.address().port); s.close() })')
 addr=127.0.0.1:$port
-"$bin" -addr "$addr" -data-dir "$tmp/data" -long-poll-timeout "${long_poll_ms}ms" -log-level warn >"$tmp/server.log" 2>&1 &
+# The suite checks CORS preflights from https://example.com; without token
+# keys the stream API serves only allowlisted origins (docs/security.md).
+"$bin" -addr "$addr" -data-dir "$tmp/data" -long-poll-timeout "${long_poll_ms}ms" -log-level warn \
+	-allowed-origins https://example.com >"$tmp/server.log" 2>&1 &
 pid=$!
 
 healthy() {
