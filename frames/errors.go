@@ -112,7 +112,7 @@ var defaultFixes = map[Code]string{
 
 	// Security errors.
 	CodeTokenRequired:    "Send hello.token: a JWT from your token issuer.",
-	CodeTokenExpired:     "Fetch a fresh token and send a new hello with it on this connection before the grace period ends.",
+	CodeTokenExpired:     "Fetch a fresh token: send a new hello with it on this connection before the grace period ends, or, if the connection was closed, open a new one with it.",
 	CodeTokenNotYetValid: "Check the clocks of the token issuer and this client; use the token once its nbf has passed.",
 	CodeBadToken:         "Fix the token issuer: send a compact JWS with exp, sub and valid topic patterns.",
 	CodeTokenRejected:    "Get a token from the issuer this server trusts, for this server's audience, for the same sub.",

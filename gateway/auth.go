@@ -68,7 +68,13 @@ func (s *session) authenticate(token string) *authState {
 	if err != nil {
 		// auth's errors never contain the token: safe to log and to send.
 		s.log().Info("token refused", "err", err)
-		s.refuseAuth(frames.NewError(tokenCode(err), "", "hello.token: "+err.Error(), ""))
+		fix := "" // the code's own
+		if errors.Is(err, auth.ErrExpired) {
+			// Not the in-session notice's advice: a refused hello closes
+			// the connection, so there is no grace to refresh in.
+			fix = "fetch a fresh token and open a new connection with it: this one is closed with 1008"
+		}
+		s.refuseAuth(frames.NewError(tokenCode(err), "", "hello.token: "+err.Error(), fix))
 		return nil
 	}
 	actor := id.ActorID

@@ -178,6 +178,10 @@ func TestAuth_HelloTokenTable(t *testing.T) {
 			if tc.token != "" && strings.Contains(ack.Error.Cause, tc.token) {
 				t.Fatal("the cause contains the token")
 			}
+			if strings.Contains(ack.Error.Fix, "grace") {
+				// The connection closes: there is no grace to refresh in.
+				t.Fatalf("fix %q advises a grace period the refused hello does not get", ack.Error.Fix)
+			}
 			c.ExpectClose(websocket.StatusPolicyViolation)
 		})
 	}
