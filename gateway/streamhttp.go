@@ -331,6 +331,10 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		status, msg = http.StatusNotFound, "stream not found: create it with PUT"
 	case errors.Is(err, storage.ErrGone):
 		status, msg = http.StatusGone, "gone: the stream was deleted (its forks still read its data), or the offset is older than what the stream retains"
+	case errors.Is(err, storage.ErrConflict) && strings.Contains(err.Error(), "still read by forks"):
+		status, msg = http.StatusConflict, "the stream at this name was deleted, and its forks still read its data: use another name (this one is free once its last fork is deleted)"
+	case errors.Is(err, storage.ErrConflict) && strings.Contains(err.Error(), "fork source"):
+		status, msg = http.StatusConflict, "the fork's source was deleted (its own forks still read it): fork another stream"
 	case errors.Is(err, storage.ErrConflict):
 		status, msg = http.StatusConflict, "the stream exists with another configuration (content type, TTL, Expires-At, closed state or fork): PUT the same headers, or use another name"
 	case errors.Is(err, storage.ErrContentType):
@@ -338,7 +342,11 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, storage.ErrStreamSeq):
 		status, msg = http.StatusConflict, "Stream-Seq must be greater (byte-wise) than the last one accepted on this stream"
 	case errors.Is(err, storage.ErrBadRequest):
-		status, msg = http.StatusBadRequest, "bad request: "+strings.TrimPrefix(err.Error(), "storage: ")
+		detail := strings.TrimPrefix(strings.TrimPrefix(err.Error(), storage.ErrBadRequest.Error()), ": ")
+		status, msg = http.StatusBadRequest, "bad request: "+detail
+		if strings.Contains(detail, "beyond the tail") {
+			msg += ": read from an offset this server returned (Stream-Next-Offset), or from -1, the start"
+		}
 	case errors.Is(err, storage.ErrTooLarge):
 		status, msg = http.StatusRequestEntityTooLarge, "the append is larger than the stream log accepts: split it into smaller appends"
 	case errors.Is(err, storage.ErrFailed), errors.Is(err, storage.ErrClosedDB):

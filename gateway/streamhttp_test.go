@@ -271,6 +271,25 @@ func TestStreamHTTP_OriginWithoutTokens(t *testing.T) {
 	ts.do(t, "GET", p, evil(), "").want(t, 401)
 }
 
+// TestStreamHTTP_ErrorTexts: error bodies say what is wrong once, and
+// what to do that can succeed.
+func TestStreamHTTP_ErrorTexts(t *testing.T) {
+	t.Parallel()
+	s := newStreamServer(t, gateway.Config{})
+	text := hdr("Content-Type", "text/plain")
+	s.do(t, "PUT", "/v1/stream/src", text, "abc").want(t, 201)
+	beyond := storage.FormatOffset(99)
+	r := s.do(t, "GET", "/v1/stream/src?offset="+beyond, nil, "").want(t, 400)
+	if strings.Count(r.body, "bad request") != 1 || !strings.Contains(r.body, "Stream-Next-Offset") {
+		t.Fatalf("offset beyond the tail: %q", r.body)
+	}
+	s.do(t, "PUT", "/v1/stream/fork", hdr("Content-Type", "text/plain", "Stream-Forked-From", "/v1/stream/src"), "").want(t, 201)
+	s.do(t, "DELETE", "/v1/stream/src", nil, "").want(t, 204)
+	if r := s.do(t, "PUT", "/v1/stream/src", text, "").want(t, 409); !strings.Contains(r.body, "use another name") || strings.Contains(r.body, "PUT the same headers") {
+		t.Fatalf("PUT on a deleted stream its fork still reads: %q", r.body)
+	}
+}
+
 func TestStreamHTTP_ETag(t *testing.T) {
 	t.Parallel()
 	s := newStreamServer(t, gateway.Config{})
