@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -1004,5 +1005,44 @@ func TestPersisted_FencedInTheLog(t *testing.T) {
 	res, err := n.db.Read(t.Context(), "chat:f", storage.ZeroOffset, 0)
 	if err != nil || len(res.Records) != 1 {
 		t.Fatalf("log: %d records, %v; want only the newer epoch's", len(res.Records), err)
+	}
+}
+
+// TestPersisted_HTTPCreateMustBeJSON: a PUT at a persisted topic's name
+// of a type other than application/json (or of none, which defaults to
+// octet-stream) is refused, since WebSocket subscribers could not read
+// it; other names take any type.
+func TestPersisted_HTTPCreateMustBeJSON(t *testing.T) {
+	t.Parallel()
+	n := startPersistNode(t, t.TempDir())
+	put := func(name, ct string) (int, string) {
+		req, err := http.NewRequest("PUT", n.ts.URL+"/v1/stream/"+name, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ct != "" {
+			req.Header.Set("Content-Type", ct)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, ct := range []string{"text/plain", ""} {
+		if code, body := put("chat:t", ct); code != http.StatusConflict || !strings.Contains(body, "application/json") {
+			t.Fatalf("PUT chat:t as %q: %d %s, want 409 naming application/json", ct, code, body)
+		}
+	}
+	if _, err := n.db.Head(t.Context(), "chat:t"); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("a refused PUT made the stream: %v", err)
+	}
+	if code, body := put("chat:t", "application/json; charset=utf-8"); code != http.StatusCreated {
+		t.Fatalf("PUT chat:t as JSON: %d %s", code, body)
+	}
+	if code, body := put("notes:t", "text/plain"); code != http.StatusCreated {
+		t.Fatalf("PUT of a topic that is not persisted: %d %s", code, body)
 	}
 }

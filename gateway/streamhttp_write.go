@@ -69,6 +69,14 @@ func (s *Server) serveCreate(w http.ResponseWriter, r *http.Request, name string
 			opts.ContentType = src.ContentType
 		}
 	}
+	if s.persisted(name) && !isJSON(opts.ContentType) {
+		// WebSocket subscribers read a persisted topic's records as JSON
+		// rows: another type would leave the topic unusable.
+		s.fail(w, r, &requestError{http.StatusConflict, fmt.Sprintf(
+			"%q is a persisted topic (-persist): its stream must be application/json, not %q; PUT it with Content-Type: application/json",
+			name, opts.ContentType)})
+		return
+	}
 	if opts.Records, err = splitRecords(opts.ContentType, body, true); err != nil {
 		s.fail(w, r, err)
 		return
