@@ -196,7 +196,8 @@ type Config struct {
 	// persisted topics.
 	Log StreamLog
 
-	// Persist lists topic-name patterns (path.Match syntax, e.g. "chat:*")
+	// Persist lists topic patterns, in the syntax of a token's grants
+	// (auth.ParsePattern: "chat:*" is one segment, "chat:**" the rest),
 	// whose topics are persisted in Log. Empty by default. Requires Log.
 	Persist []string
 
@@ -359,6 +360,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("gateway: PresenceLeaveGrace shorter than PresenceWindow")
 	case c.AdminToken != "" && len(c.AdminToken) < minAdminToken:
 		return c, fmt.Errorf("gateway: AdminToken must be at least %d bytes", minAdminToken)
+	case persistError(c.Persist) != nil:
+		return c, fmt.Errorf("gateway: %w", persistError(c.Persist))
 	case len(c.Persist) > 0 && c.Log == nil:
 		return c, fmt.Errorf("gateway: Persist needs a Log")
 	case c.MaxFrameBytes > 1<<30:

@@ -115,3 +115,22 @@ func TestConfig_DrainBounds(t *testing.T) {
 		t.Errorf("an hour each: %v", err)
 	}
 }
+
+// TestConfig_PersistPatterns: Persist patterns are token-grant patterns:
+// "*" is one segment, a final "**" the rest; a bad one fails New.
+func TestConfig_PersistPatterns(t *testing.T) {
+	for _, bad := range []string{"room-*", "a*b", "chat:[", ""} {
+		if _, err := (Config{Persist: []string{"ok:*", bad}}).withDefaults(); err == nil {
+			t.Errorf("pattern %q accepted", bad)
+		}
+	}
+	srv := &Server{persist: persistPatterns([]string{"chat:*", "orders:**"})}
+	for topic, want := range map[string]bool{
+		"chat:a": true, "chat:a:b": false, "chat:a/b": false, "chat": false,
+		"orders:1": true, "orders:1:lines": true, "orders": false, "notes:a": false,
+	} {
+		if got := srv.persisted(topic); got != want {
+			t.Errorf("persisted(%q) = %v, want %v", topic, got, want)
+		}
+	}
+}

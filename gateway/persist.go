@@ -4,11 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"path"
+	"fmt"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/syncgate/syncgate/auth"
 	"github.com/syncgate/syncgate/frames"
 	"github.com/syncgate/syncgate/storage"
 )
@@ -58,12 +59,33 @@ const tailRetry = time.Second
 
 // persisted reports whether topic is a persisted topic.
 func (srv *Server) persisted(topic string) bool {
-	for _, p := range srv.cfg.Persist {
-		if ok, _ := path.Match(p, topic); ok {
+	for _, p := range srv.persist {
+		if p.Match(topic) {
 			return true
 		}
 	}
 	return false
+}
+
+// persistPatterns parses Config.Persist (checked by withDefaults).
+func persistPatterns(ss []string) []auth.Pattern {
+	ps := make([]auth.Pattern, 0, len(ss))
+	for _, s := range ss {
+		if p, err := auth.ParsePattern(s); err == nil {
+			ps = append(ps, p)
+		}
+	}
+	return ps
+}
+
+// persistError returns the first bad pattern of Config.Persist.
+func persistError(ss []string) error {
+	for i, s := range ss {
+		if _, err := auth.ParsePattern(s); err != nil {
+			return fmt.Errorf("Persist[%d] %q: %w", i, s, err)
+		}
+	}
+	return nil
 }
 
 // ensureStream creates topic's stream unless this node has seen it.

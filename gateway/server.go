@@ -57,6 +57,7 @@ type Server struct {
 	budget *acceptBudget // admission: rate and session cap (budget.go)
 
 	origins  *auth.OriginPolicy // checked before every upgrade (auth.go)
+	persist  []auth.Pattern     // Config.Persist, parsed (persist.go)
 	perIP    *counter           // sessions per client address (limits.go)
 	perActor *counter           // sessions per actor (limits.go)
 
@@ -93,6 +94,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		origins:   origins,
+		persist:   persistPatterns(cfg.Persist),
 		perIP:     newCounter(cfg.MaxSessionsPerIP),
 		perActor:  newCounter(cfg.MaxSessionsPerActor),
 		cfg:       cfg,

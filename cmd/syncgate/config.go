@@ -9,7 +9,6 @@ import (
 	"math"
 	"net"
 	"os"
-	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -128,13 +127,13 @@ var settings = []setting{
 		func(c *config, v string) error { c.Addr = v; return nil }},
 	{"data-dir", "SYNCGATE_DATA_DIR", "./data", "directory for durable data: the stream log is <data-dir>/streams.db",
 		func(c *config, v string) error { c.DataDir = v; return nil }},
-	{"persist", "SYNCGATE_PERSIST", "", "comma-separated topic patterns whose topics are persisted in the stream log, e.g. chat:*,orders:* (YAML: a list)",
+	{"persist", "SYNCGATE_PERSIST", "", "comma-separated topic patterns whose topics are persisted in the stream log, in the syntax of token grants: chat:* (one segment), chat:** (any depth); e.g. chat:*,orders:** (YAML: a list)",
 		func(c *config, v string) error {
 			c.Gateway.Persist = nil
 			for _, p := range strings.Split(v, ",") {
 				if p = strings.TrimSpace(p); p != "" {
-					if _, err := path.Match(p, ""); err != nil {
-						return fmt.Errorf("bad pattern %q: %w", p, err)
+					if _, err := auth.ParsePattern(p); err != nil {
+						return fmt.Errorf("bad pattern %q: %w (the syntax of token grants: docs/security.md)", p, err)
 					}
 					c.Gateway.Persist = append(c.Gateway.Persist, p)
 				}

@@ -205,6 +205,7 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"stray argument", []string{"extra"}, nil, `"extra"`},
 		{"negative retention", nil, map[string]string{"SYNCGATE_RETENTION_MAX_RECORDS": "-1"}, "SYNCGATE_RETENTION_MAX_RECORDS"},
 		{"bad persist pattern", nil, map[string]string{"SYNCGATE_PERSIST": "chat:["}, "SYNCGATE_PERSIST"},
+		{"persist pattern with a partial wildcard", []string{"-persist", "room-*"}, nil, "-persist"},
 		{"leeway over 5m", []string{"-jwt-leeway", "6m"}, nil, "-jwt-leeway"},
 		{"tiny max token", nil, map[string]string{"SYNCGATE_MAX_TOKEN": "10"}, "SYNCGATE_MAX_TOKEN"},
 		{"writers zero", nil, map[string]string{"SYNCGATE_WRITERS": "0"}, "SYNCGATE_WRITERS"},
