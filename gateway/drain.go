@@ -144,7 +144,11 @@ func (s *Server) startDrain() *drainRun {
 	}
 	s.mu.Unlock()
 	s.metrics.draining.Set(1)
-	s.log.Info("drain started", "sessions", len(sessions), "spread", s.cfg.DrainSpread.String(), "grace", s.cfg.DrainGrace.String())
+	spread := "none (all at once)"
+	if s.cfg.DrainSpread > 0 {
+		spread = s.cfg.DrainSpread.String()
+	}
+	s.log.Info("drain started", "sessions", len(sessions), "spread", spread, "grace", s.cfg.DrainGrace.String())
 	if !run {
 		return d
 	}
