@@ -82,7 +82,7 @@ func persistPatterns(ss []string) []auth.Pattern {
 func persistError(ss []string) error {
 	for i, s := range ss {
 		if _, err := auth.ParsePattern(s); err != nil {
-			return fmt.Errorf("Persist[%d] %q: %w", i, s, err)
+			return fmt.Errorf("pattern %q (Persist[%d]): %w", s, i, err)
 		}
 	}
 	return nil
