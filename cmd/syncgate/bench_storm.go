@@ -47,7 +47,11 @@ import (
 //   - lost_acked: acknowledged publishes found in neither log, and
 //     in_both_logs / stored_twice: found more than once (a publish whose
 //     ack was lost and that the client re-sent to B). These are the
-//     target's "acknowledged messages lost".
+//     target's "acknowledged messages lost". A drain answers every
+//     publish before it closes, so plan mode has none in both logs; after
+//     close-all's SIGKILL, a publish A stored whose ack died with it is
+//     stored again by B (each node has its own log), so there
+//     in_both_logs is at most unanswered_at_stop.
 //   - missed: summed over subscribers, the acknowledged messages a
 //     subscriber had to receive and did not: those in A's log acknowledged
 //     before its move began (the scheduled reconnect time, or when it lost

@@ -104,17 +104,22 @@ type stormResult struct {
 	Published       int64       `json:"published"`
 	Acked           int64       `json:"acked"`
 	PublishErrors   int64       `json:"publish_errors"`
-	Expired         int         `json:"cursor_expired"`
-	Missing         int64       `json:"missing"` // acked messages some subscriber did not get (summed over subscribers)
-	Duplicates      int64       `json:"duplicates"`
-	Dropped         int64       `json:"dropped_at_cursor"` // patch ops the client dropped as at or before its cursor (Subscription.Duplicates)
-	AExitS          *float64    `json:"a_exit_s,omitempty"`
-	AExit           string      `json:"a_exit,omitempty"`
-	FirstError      string      `json:"first_error,omitempty"`
-	acked           []int64
-	pubs            map[int64]*pubTimes // every publish sent, by message number; guarded by runStorm until it returns
-	start           time.Time           // when A was told to go away
-	sessions        []*stormSession
+	// Publishes sent and not yet answered when A was told to go away:
+	// after a SIGKILL (close-all) such a publish may be in A's log with its
+	// ack lost, and the client's resend to B then stores it again in B's
+	// (each node has its own log), so it bounds in_both_logs there.
+	UnansweredAtStop int64    `json:"unanswered_at_stop"`
+	Expired          int      `json:"cursor_expired"`
+	Missing          int64    `json:"missing"` // acked messages some subscriber did not get (summed over subscribers)
+	Duplicates       int64    `json:"duplicates"`
+	Dropped          int64    `json:"dropped_at_cursor"` // patch ops the client dropped as at or before its cursor (Subscription.Duplicates)
+	AExitS           *float64 `json:"a_exit_s,omitempty"`
+	AExit            string   `json:"a_exit,omitempty"`
+	FirstError       string   `json:"first_error,omitempty"`
+	acked            []int64
+	pubs             map[int64]*pubTimes // every publish sent, by message number; guarded by runStorm until it returns
+	start            time.Time           // when A was told to go away
+	sessions         []*stormSession
 }
 
 // pubTimes is when one publish was sent and (if it was) acknowledged.
@@ -288,6 +293,7 @@ func runStorm(ctx context.Context, cfg stormConfig) (*stormResult, error) {
 	if err := cfg.stopA(ctx); err != nil {
 		return nil, fmt.Errorf("storm: stopping A: %w", err)
 	}
+	r.UnansweredAtStop = published.Load() - acked.Load() - pubErr.n.Load()
 	aExit := make(chan struct{})
 	if cfg.aDone != nil {
 		go func() {

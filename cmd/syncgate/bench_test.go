@@ -229,8 +229,16 @@ func TestBench_Storm(t *testing.T) {
 		if m.Connected != 50 || m.Reconnected != 50 {
 			t.Errorf("%s: connected %d, reconnected %d; want 50, 50", m.Mode, m.Connected, m.Reconnected)
 		}
-		if m.Acked == 0 || m.LostAcked != 0 || m.InBothLogs != 0 || m.StoredTwice != 0 {
-			t.Errorf("%s: acked %d, lost %d, in both logs %d, stored twice %d", m.Mode, m.Acked, m.LostAcked, m.InBothLogs, m.StoredTwice)
+		// A drain answers every publish before it closes; a SIGKILL can
+		// lose the ack of a publish A stored, which the client then sends
+		// to B: only those unanswered at the kill may be in both logs.
+		bothAllowed := int64(0)
+		if m.Mode == stormCloseAll {
+			bothAllowed = m.UnansweredAtStop
+		}
+		if m.Acked == 0 || m.LostAcked != 0 || m.InBothLogs > bothAllowed || m.StoredTwice != 0 {
+			t.Errorf("%s: acked %d, lost %d, in both logs %d (%d unanswered at A's stop), stored twice %d",
+				m.Mode, m.Acked, m.LostAcked, m.InBothLogs, m.UnansweredAtStop, m.StoredTwice)
 		}
 		if m.InALog+m.InBLog < m.Acked {
 			t.Errorf("%s: %d in A's log + %d in B's < %d acked", m.Mode, m.InALog, m.InBLog, m.Acked)
