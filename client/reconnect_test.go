@@ -101,53 +101,47 @@ func pushFrame(t *testing.T, ctx context.Context, conn *websocket.Conn, f frames
 	noErr(t, conn.Write(ctx, websocket.MessageText, b))
 }
 
+// TestReconnect_AfterMsExact_FakeClock: the client waits exactly afterMs,
+// with no jitter. An afterMs past frames.MaxAfterMs waits an hour; one
+// past what a Duration holds in milliseconds once wrapped to a negative
+// wait, and the client reconnected at once.
 func TestReconnect_AfterMsExact_FakeClock(t *testing.T) {
 	t.Parallel()
-	ctx := testCtx(t)
-	fs := newFakeServer(t)
-	clock := newFakeClock()
-	var sl sleeps
-	ev := newEvents()
-	c := dialReconnect(t, fs.url(), &client.Options{Now: clock.now, Sleep: sl.sleep, OnEvent: ev.on,
-		Rand: func(int64) int64 { t.Error("backoff used for a scheduled reconnect"); return 0 }})
-	conn := recv(t, ctx, fs.conns)
-	recv(t, ctx, fs.hellos)
+	for _, tc := range []struct {
+		name    string
+		afterMs int64
+		want    time.Duration
+	}{
+		{"exact", 1234, 1234 * time.Millisecond},
+		{"over an hour", math.MaxInt64/int64(time.Millisecond) + 1, time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := testCtx(t)
+			fs := newFakeServer(t)
+			clock := newFakeClock()
+			var sl sleeps
+			ev := newEvents()
+			c := dialReconnect(t, fs.url(), &client.Options{Now: clock.now, Sleep: sl.sleep, OnEvent: ev.on,
+				Rand: func(int64) int64 { t.Error("backoff used for a scheduled reconnect"); return 0 }})
+			conn := recv(t, ctx, fs.conns)
+			recv(t, ctx, fs.hellos)
 
-	pushFrame(t, ctx, conn, &frames.Reconnect{AfterMs: 1234, Reason: frames.ReasonDrain})
-	sched := ev.wait(t, ctx, client.EventReconnectScheduled)
-	equal(t, "Delay", sched.Delay, 1234*time.Millisecond)
-	equal(t, "Reason", sched.Reason, frames.ReasonDrain)
-	res := ev.wait(t, ctx, client.EventResumed)
-	equal(t, "Resumed.Reason", res.Reason, frames.ReasonDrain)
-	equal(t, "Resumed.Since", res.Since, sched.At.Add(1234*time.Millisecond))
-	// The clock stood still: the wait is exactly afterMs, no jitter.
-	equal(t, "sleeps", len(sl.get()), 1)
-	equal(t, "sleep", sl.get()[0], 1234*time.Millisecond)
-	equal(t, "SessionID", c.SessionID(), "sess-2")
-	h := recv(t, ctx, fs.hellos)
-	equal(t, "hello.clientId", h.ClientID, c.ClientID())
-}
-
-// TestReconnect_AfterMsOverAnHour: an afterMs past frames.MaxAfterMs
-// waits an hour. One past what a Duration holds in milliseconds once
-// wrapped to a negative wait: the client reconnected at once.
-func TestReconnect_AfterMsOverAnHour(t *testing.T) {
-	t.Parallel()
-	ctx := testCtx(t)
-	fs := newFakeServer(t)
-	clock := newFakeClock()
-	var sl sleeps
-	ev := newEvents()
-	dialReconnect(t, fs.url(), &client.Options{Now: clock.now, Sleep: sl.sleep, OnEvent: ev.on})
-	conn := recv(t, ctx, fs.conns)
-	recv(t, ctx, fs.hellos)
-
-	pushFrame(t, ctx, conn, &frames.Reconnect{AfterMs: math.MaxInt64/int64(time.Millisecond) + 1, Reason: frames.ReasonDrain})
-	sched := ev.wait(t, ctx, client.EventReconnectScheduled)
-	equal(t, "Delay", sched.Delay, time.Hour)
-	ev.wait(t, ctx, client.EventResumed)
-	equal(t, "sleeps", len(sl.get()), 1)
-	equal(t, "sleep", sl.get()[0], time.Hour)
+			pushFrame(t, ctx, conn, &frames.Reconnect{AfterMs: tc.afterMs, Reason: frames.ReasonDrain})
+			sched := ev.wait(t, ctx, client.EventReconnectScheduled)
+			equal(t, "Delay", sched.Delay, tc.want)
+			equal(t, "Reason", sched.Reason, frames.ReasonDrain)
+			res := ev.wait(t, ctx, client.EventResumed)
+			equal(t, "Resumed.Reason", res.Reason, frames.ReasonDrain)
+			equal(t, "Resumed.Since", res.Since, sched.At.Add(tc.want))
+			// The clock stood still: the wait is exactly afterMs, no jitter.
+			equal(t, "sleeps", len(sl.get()), 1)
+			equal(t, "sleep", sl.get()[0], tc.want)
+			equal(t, "SessionID", c.SessionID(), "sess-2")
+			h := recv(t, ctx, fs.hellos)
+			equal(t, "hello.clientId", h.ClientID, c.ClientID())
+		})
+	}
 }
 
 func TestReconnect_AfterMs_RealTime(t *testing.T) {

@@ -17,8 +17,9 @@ import (
 
 const adminToken = "0123456789abcdef-test-token"
 
-// adminDo sends an admin request and returns status and body.
-func adminDo(t *testing.T, method, url, auth, contentType, body string) (int, string) {
+// httpDo sends a request (auth and contentType set when not empty) and
+// returns status and body.
+func httpDo(t *testing.T, method, url, auth, contentType, body string) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
@@ -43,7 +44,7 @@ func TestAdmin_OffWithoutToken(t *testing.T) {
 	t.Parallel()
 	srv := newTestServer(t, gateway.Config{})
 	for _, p := range []string{"/v1/admin/drain", "/v1/admin/build"} {
-		if code, _ := adminDo(t, "POST", srv.ts.URL+p, "Bearer "+adminToken, "", ""); code != http.StatusNotFound {
+		if code, _ := httpDo(t, "POST", srv.ts.URL+p, "Bearer "+adminToken, "", ""); code != http.StatusNotFound {
 			t.Errorf("POST %s without an admin token configured: %d, want 404", p, code)
 		}
 	}
@@ -63,7 +64,7 @@ func TestAdmin_Auth(t *testing.T) {
 		{"prefix", "Bearer " + adminToken[:20], "wrong admin token"},
 		{"longer", "Bearer " + adminToken + "x", "wrong admin token"},
 	} {
-		code, body := adminDo(t, "POST", url, tc.auth, "", "")
+		code, body := httpDo(t, "POST", url, tc.auth, "", "")
 		if code != http.StatusUnauthorized || !strings.Contains(body, tc.want) {
 			t.Errorf("%s: %d %s, want 401 with %q", tc.name, code, body, tc.want)
 		}
@@ -83,13 +84,13 @@ func TestAdmin_Drain(t *testing.T) {
 	srv := newTestServer(t, gateway.Config{AdminToken: adminToken, DrainSpread: 100 * time.Millisecond, DrainGrace: 200 * time.Millisecond})
 	c := gwtest.Dial(t, srv.url, nil)
 	c.Hello("", 0)
-	if code, body := adminDo(t, "GET", srv.ts.URL+"/v1/admin/drain", "Bearer "+adminToken, "", ""); code != http.StatusMethodNotAllowed {
+	if code, body := httpDo(t, "GET", srv.ts.URL+"/v1/admin/drain", "Bearer "+adminToken, "", ""); code != http.StatusMethodNotAllowed {
 		t.Fatalf("GET drain: %d %s", code, body)
 	}
-	if code, body := adminDo(t, "POST", srv.ts.URL+"/v1/admin/drain", "Bearer "+adminToken, "", "now"); code != http.StatusBadRequest {
+	if code, body := httpDo(t, "POST", srv.ts.URL+"/v1/admin/drain", "Bearer "+adminToken, "", "now"); code != http.StatusBadRequest {
 		t.Fatalf("drain with a body: %d %s", code, body)
 	}
-	code, body := adminDo(t, "POST", srv.ts.URL+"/v1/admin/drain", "bearer "+adminToken, "", "")
+	code, body := httpDo(t, "POST", srv.ts.URL+"/v1/admin/drain", "bearer "+adminToken, "", "")
 	var ans struct {
 		Draining bool  `json:"draining"`
 		Sessions int   `json:"sessions"`
@@ -109,7 +110,7 @@ func TestAdmin_Drain(t *testing.T) {
 	}
 	c.ExpectClose(websocket.StatusServiceRestart)
 	// Again: idempotent; and Drain joins the drain the API began.
-	if code, body := adminDo(t, "POST", srv.ts.URL+"/v1/admin/drain", "Bearer "+adminToken, "", ""); code != http.StatusAccepted {
+	if code, body := httpDo(t, "POST", srv.ts.URL+"/v1/admin/drain", "Bearer "+adminToken, "", ""); code != http.StatusAccepted {
 		t.Fatalf("second drain: %d %s", code, body)
 	}
 	if err := srv.gw.Drain(t.Context()); err != nil {
@@ -144,7 +145,7 @@ func TestAdmin_Build(t *testing.T) {
 		{"too large", "", `{"buildId":"` + strings.Repeat("x", 5000) + `"}`, 413, "body over"},
 		{"wrong type", "text/plain", `{"buildId":"b2"}`, 415, "application/json"},
 	} {
-		code, body := adminDo(t, "POST", url, auth, tc.ct, tc.body)
+		code, body := httpDo(t, "POST", url, auth, tc.ct, tc.body)
 		if code != tc.code || !strings.Contains(body, tc.want) {
 			t.Errorf("%s: %d %s, want %d with %q", tc.name, code, body, tc.code, tc.want)
 		}
@@ -155,7 +156,7 @@ func TestAdmin_Build(t *testing.T) {
 	old := gwtest.Dial(t, srv.url, nil)
 	old.Send(&frames.Hello{BuildID: "b1", Resume: []frames.Cursor{}})
 	gwtest.Expect[*frames.Hello](old)
-	code, body := adminDo(t, "POST", url, auth, "application/json; charset=utf-8", `{"buildId":"b2"}`)
+	code, body := httpDo(t, "POST", url, auth, "application/json; charset=utf-8", `{"buildId":"b2"}`)
 	if code != http.StatusOK || !strings.Contains(body, `"notified":1`) {
 		t.Fatalf("set build: %d %s", code, body)
 	}

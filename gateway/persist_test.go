@@ -1016,20 +1016,7 @@ func TestPersisted_HTTPCreateMustBeJSON(t *testing.T) {
 	t.Parallel()
 	n := startPersistNode(t, t.TempDir())
 	put := func(name, ct string) (int, string) {
-		req, err := http.NewRequest("PUT", n.ts.URL+"/v1/stream/"+name, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ct != "" {
-			req.Header.Set("Content-Type", ct)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return httpDo(t, "PUT", n.ts.URL+"/v1/stream/"+name, "", ct, "")
 	}
 	for _, ct := range []string{"text/plain", ""} {
 		if code, body := put("chat:t", ct); code != http.StatusConflict || !strings.Contains(body, "application/json") {
