@@ -428,7 +428,7 @@ func TestDB_ProducerExpiryOnAppend(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n := len(res.Records); n != 4 || string(res.Records[3].Data) != "new" {
-		t.Fatalf("log has %d records, last %q; want 4, the last \"new\"", n, res.Records[n-1].Data)
+		t.Fatalf("log has %d records (%+v); want 4, the last \"new\"", n, res.Records)
 	}
 }
 
