@@ -205,6 +205,11 @@ type Config struct {
 	// data. Zero means 30s.
 	LongPollTimeout time.Duration
 
+	// StreamBodyTimeout bounds the arrival of a Durable Streams request's
+	// body (PUT, POST): a body still incomplete then gets 408. Zero means
+	// 30s.
+	StreamBodyTimeout time.Duration
+
 	// MaxAppendBytes bounds one Durable Streams append body (HTTP 413 above
 	// it). Zero means 8 MiB.
 	MaxAppendBytes int64
@@ -316,6 +321,7 @@ func (c Config) withDefaults() (Config, error) {
 	setDefault(&c.ProducerIdle, 24*time.Hour)
 	setDefault(&c.MaxProducers, 100000)
 	setDefault(&c.LongPollTimeout, 30*time.Second)
+	setDefault(&c.StreamBodyTimeout, 30*time.Second)
 	setDefault(&c.MaxAppendBytes, 8<<20)
 	setDefault(&c.DrainSpread, 30*time.Second)
 	setDefault(&c.DrainGrace, 5*time.Second)
@@ -346,7 +352,7 @@ func (c Config) withDefaults() (Config, error) {
 	switch {
 	case c.HelloTimeout < 0, c.MaxFrameBytes < 0, c.MaxBatchBytes < 0, c.SendQueueMessages < 0,
 		c.SendQueueBytes < 0, c.WriteTimeout < 0, c.WriteBudget < 0, c.PingInterval < 0, c.PongTimeout < 0,
-		c.MaxSubscriptions < 0, c.ProducerWindow < 0, c.ProducerIdle < 0, c.MaxProducers < 0, c.LongPollTimeout < 0, c.MaxAppendBytes < 0, c.PaceCPU < 0 || c.PaceCPU > 1,
+		c.MaxSubscriptions < 0, c.ProducerWindow < 0, c.ProducerIdle < 0, c.MaxProducers < 0, c.LongPollTimeout < 0, c.StreamBodyTimeout < 0, c.MaxAppendBytes < 0, c.PaceCPU < 0 || c.PaceCPU > 1,
 		c.DrainGrace < 0, c.AcceptBurst < 0, c.TokenGrace < 0, c.FrameBurst < 0:
 		return c, fmt.Errorf("gateway: negative limit in config")
 	case c.PresenceTTL < 0, c.PresenceWindow < 0, c.PresenceLeaveGrace < 0, c.PresenceMaxListed < 0:

@@ -20,6 +20,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/syncgate/syncgate/auth"
@@ -97,6 +98,16 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, &requestError{http.StatusForbidden, "origin " + quote(r.Header.Get("Origin")) +
 			" not allowed: without token keys the stream API serves only pages of the same host or of SYNCGATE_ALLOWED_ORIGINS (docs/security.md)"})
 		return
+	}
+
+	// A client must take its response within WriteTimeout (a live read
+	// extends this: extendWriteDeadline, writeSSE) and send its body
+	// within StreamBodyTimeout: a reader that never reads, or a body
+	// trickled in, must not hold the connection and its buffers forever.
+	rc := http.NewResponseController(w)
+	_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout)) // ErrNotSupported: a wrapped writer; nothing to do
+	if r.Method == http.MethodPost || r.Method == http.MethodPut {
+		_ = rc.SetReadDeadline(time.Now().Add(s.cfg.StreamBodyTimeout))
 	}
 
 	if r.Method == http.MethodOptions {

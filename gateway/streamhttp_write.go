@@ -14,6 +14,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -368,6 +369,10 @@ func (s *Server) readBody(r *http.Request) ([]byte, error) {
 		return nil, tooLarge
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return nil, &requestError{http.StatusRequestTimeout,
+			fmt.Sprintf("the body did not arrive within %v: send it at once, or smaller appends", s.cfg.StreamBodyTimeout)}
+	}
 	if err != nil {
 		return nil, badRequest("reading the body: %v", err)
 	}

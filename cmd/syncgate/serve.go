@@ -59,12 +59,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
-	hs := &http.Server{
-		Handler:           gw.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-		TLSConfig:         tlsConfig,
-	}
+	hs := newHTTPServer(cfg, gw.Handler(), log)
+	hs.TLSConfig = tlsConfig
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		_ = gw.Shutdown(context.Background())
@@ -129,6 +125,36 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// Bounds of the HTTP server's connections (the WebSocket sessions, once
+// upgraded, have their own: docs/security.md §6).
+const (
+	// httpIdleTimeout closes a keep-alive connection that sends no next
+	// request, and with it whatever it left unread in its socket.
+	httpIdleTimeout = 2 * time.Minute
+	// httpHeaderSlack is what request headers may hold besides a token
+	// (the Authorization header's): MaxHeaderBytes is it plus max-token.
+	httpHeaderSlack = 56 << 10
+)
+
+// newHTTPServer returns the node's http.Server for handler. Its request
+// headers must arrive within 10 s and be at most max-token plus 56 KiB
+// (64 KiB at the default max-token); an idle keep-alive connection is
+// closed after 2 minutes. Per-request read and write bounds are the
+// handlers' (the stream API's, docs/streams-http.md).
+func newHTTPServer(cfg *config, handler http.Handler, log *slog.Logger) *http.Server {
+	maxToken := cfg.MaxToken
+	if maxToken <= 0 {
+		maxToken = 8 << 10 // auth's default
+	}
+	return &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       httpIdleTimeout,
+		MaxHeaderBytes:    maxToken + httpHeaderSlack,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
 }
 
 // setVerifier builds the token verifier from the jwt settings, reading the

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -286,5 +288,48 @@ func TestRun_BadConfigFails(t *testing.T) {
 	err = run(context.Background(), []string{"frobnicate"}, env(nil), io.Discard, io.Discard)
 	if !errors.Is(err, errUsage) {
 		t.Fatalf("unknown command: %v", err)
+	}
+}
+
+// TestNewHTTPServer_Bounds: the node's http.Server closes idle keep-alive
+// connections and bounds request headers at max-token plus 56 KiB: a
+// larger header block gets 431, one with a max-size token passes.
+func TestNewHTTPServer_Bounds(t *testing.T) {
+	t.Parallel()
+	hs := newHTTPServer(&config{MaxToken: 8 << 10}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}), slog.New(slog.DiscardHandler))
+	if hs.IdleTimeout != httpIdleTimeout || hs.ReadHeaderTimeout <= 0 || hs.MaxHeaderBytes != 64<<10 {
+		t.Fatalf("IdleTimeout %v, ReadHeaderTimeout %v, MaxHeaderBytes %d; want %v, > 0, 65536",
+			hs.IdleTimeout, hs.ReadHeaderTimeout, hs.MaxHeaderBytes, httpIdleTimeout)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = hs.Serve(ln) }()
+	t.Cleanup(func() {
+		// Shutdown, not Close: it waits for the connection the 431 is
+		// still closing (net/http lingers there half a second).
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(ctx)
+	})
+	get := func(headerBytes int) int {
+		req, err := http.NewRequest("GET", "http://"+ln.Addr().String()+"/", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+strings.Repeat("a", headerBytes))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := get(8 << 10); code != http.StatusOK {
+		t.Errorf("a request with an 8 KiB token: %d", code)
+	}
+	if code := get(200 << 10); code != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("a 200 KiB header: %d, want 431", code)
 	}
 }
