@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	stdlog "log"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/syncgate/syncgate/auth"
@@ -153,8 +155,23 @@ func newHTTPServer(cfg *config, handler http.Handler, log *slog.Logger) *http.Se
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       httpIdleTimeout,
 		MaxHeaderBytes:    maxToken + httpHeaderSlack,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		ErrorLog:          stdlog.New(httpErrorLog{log}, "", 0),
 	}
+}
+
+// httpErrorLog writes net/http's error log to slog: at warn level, but a
+// failed TLS handshake at debug. Anyone can cause one per connection
+// (connect, send garbage, close), so at warn they would flood the log.
+type httpErrorLog struct{ log *slog.Logger }
+
+func (h httpErrorLog) Write(p []byte) (int, error) {
+	msg := strings.TrimSuffix(string(p), "\n")
+	level := slog.LevelWarn
+	if strings.HasPrefix(msg, "http: TLS handshake error") {
+		level = slog.LevelDebug
+	}
+	h.log.Log(context.Background(), level, msg)
+	return len(p), nil
 }
 
 // setVerifier builds the token verifier from the jwt settings, reading the

@@ -293,10 +293,20 @@ func TestRun_BadConfigFails(t *testing.T) {
 
 // TestNewHTTPServer_Bounds: the node's http.Server closes idle keep-alive
 // connections and bounds request headers at max-token plus 56 KiB: a
-// larger header block gets 431, one with a max-size token passes.
+// larger header block gets 431, one with a max-size token passes. Its
+// error log keeps failed TLS handshakes out of the warn level.
 func TestNewHTTPServer_Bounds(t *testing.T) {
 	t.Parallel()
-	hs := newHTTPServer(&config{MaxToken: 8 << 10}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}), slog.New(slog.DiscardHandler))
+	var logs bytes.Buffer
+	hs := newHTTPServer(&config{MaxToken: 8 << 10}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}),
+		slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	// A failed TLS handshake, which anyone can cause, logs at debug only;
+	// net/http's other errors at warn.
+	hs.ErrorLog.Printf("http: TLS handshake error from 127.0.0.1:1234: EOF")
+	hs.ErrorLog.Printf("http: Accept error: too many open files; retrying in 5ms")
+	if strings.Contains(logs.String(), "handshake") || !strings.Contains(logs.String(), "level=WARN msg=\"http: Accept error") {
+		t.Errorf("error log at info level: %q", logs.String())
+	}
 	if hs.IdleTimeout != httpIdleTimeout || hs.ReadHeaderTimeout <= 0 || hs.MaxHeaderBytes != 64<<10 {
 		t.Fatalf("IdleTimeout %v, ReadHeaderTimeout %v, MaxHeaderBytes %d; want %v, > 0, 65536",
 			hs.IdleTimeout, hs.ReadHeaderTimeout, hs.MaxHeaderBytes, httpIdleTimeout)
