@@ -77,13 +77,17 @@ var refusalText = map[string]string{
 // WebSocket client gets the upgrade, one reconnect frame and a close: 1013
 // (try again later) when the node is over budget, 1012 (service restart)
 // when it is draining. Nothing else is done for it: no session, no hello.
-// Any other request gets 503 with Retry-After.
+// Any other request gets 503 with Retry-After, and so does a WebSocket
+// client while maxRefusing refusals are under way: in a storm the refused
+// must not cost the node more than the admitted.
 func (s *Server) refuse(w http.ResponseWriter, r *http.Request, reason string, after time.Duration) {
-	if !isWebSocketUpgrade(r) || !s.track() {
+	if !isWebSocketUpgrade(r) || s.refusing.Load() >= maxRefusing || !s.track() {
 		s.refusePlain(w, reason, after)
 		return
 	}
 	defer s.wg.Done()
+	s.refusing.Add(1)
+	defer s.refusing.Add(-1)
 	if !s.checkOrigin(w, r) {
 		return // a foreign page learns nothing, not even the node's load
 	}
@@ -168,8 +172,20 @@ func (s *Server) sayReconnect(conn *websocket.Conn, nc *corkConn, reason string,
 		return
 	}
 	s.metrics.framesOut[idxReconnect].Inc()
+	// The close handshake waits for the client's close frame, which a
+	// client reading its reconnect frame sends at once: a second, not
+	// the library's 5 s.
+	t := time.AfterFunc(refusalCloseWait, func() { _ = nc.Close() })
+	defer t.Stop()
 	_ = conn.Close(code, text)
 }
+
+// Bounds of refusals: how many may be under way at once (beyond, a plain
+// 503), and how long one waits for the client's close frame.
+const (
+	maxRefusing      = 4096
+	refusalCloseWait = time.Second
+)
 
 // holdRefusal records a refused connection's socket, for Shutdown to cut;
 // false if Shutdown is already cutting.

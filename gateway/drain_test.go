@@ -329,3 +329,27 @@ func TestDrain_ShutdownCutsRefusals(t *testing.T) {
 	})
 	shutdownCuts(t, srv)
 }
+
+// TestDrain_RefusalWaitsASecondForClose: a refused client that never
+// answers the close is let go after about a second (the library alone
+// would wait 5 s), so a Shutdown with a 4 s ctx finds it gone.
+func TestDrain_RefusalWaitsASecondForClose(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{})
+	if err := srv.gw.Drain(t.Context()); err != nil { // no sessions: the node stays draining
+		t.Fatal(err)
+	}
+	c, _, err := websocket.Dial(t.Context(), srv.url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow() // it reads nothing: the refusal's close gets no answer
+	gwtest.Eventually(t, gwtest.Timeout, "the reconnect frame written", func() bool {
+		return strings.Contains(scrape(t, srv.ts.URL), `syncgate_frames_out_total{type="reconnect"} 1`)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	defer cancel()
+	if err := srv.gw.Shutdown(ctx); err != nil {
+		t.Fatalf("shutdown waited out its 4 s for one refusal: %v", err)
+	}
+}

@@ -78,6 +78,7 @@ type Server struct {
 	sessions map[*session]struct{}  // guarded by mu
 	refusals map[*corkConn]struct{} // guarded by mu: refused connections saying reconnect (sayReconnect)
 	cutting  bool                   // guarded by mu: Shutdown's ctx ended; refusals are cut
+	refusing atomic.Int32           // refusals under way (accept.go, maxRefusing)
 	drain    *drainRun              // guarded by mu: nil until Drain starts
 	wg       sync.WaitGroup         // session handlers, refusals, the sweeper, the drain
 }
