@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/syncgate/syncgate/auth"
 	"github.com/syncgate/syncgate/frames"
 	"github.com/syncgate/syncgate/presence"
@@ -277,15 +279,39 @@ func (p *presenceHub) closed(s *session) {
 	p.releaseLocked(s)
 }
 
+// Presence lists a session may be sent on join: presenceSyncBurst at once
+// (one per subscription a session may hold), then presenceSyncRate a
+// second. A list costs the node up to MaxListed members' encoding under
+// mu, against one small frame from the client.
+const (
+	presenceSyncRate  = 2
+	presenceSyncBurst = 128
+)
+
+// errSyncRate refuses a join whose list the session's budget cannot pay.
+var errSyncRate = errors.New("presence: over the session's rate of lists")
+
 // join joins s's member m to topic and queues the ack and the Sync. A
 // session that has joined topic already has its list and gets its
 // diffs: its join writes m like an update and is acked without a second
 // Sync, so repeating a join cannot make the node build and send the whole
 // list again and again (one small frame against up to MaxListed members).
+// A join that needs a Sync takes one from the session's budget of lists
+// (leave then join again, or drop and subscribe again, would otherwise
+// buy a list per frame or two); without one it is refused (errSyncRate)
+// and changes nothing.
 func (p *presenceHub) join(ctx context.Context, s *session, topic, ref string, m presence.Member) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	_, joined := p.held[s][topic]
+	if !joined {
+		if s.syncs == nil {
+			s.syncs = rate.NewLimiter(presenceSyncRate, presenceSyncBurst)
+		}
+		if !s.syncs.AllowN(p.srv.cfg.Now(), 1) {
+			return errSyncRate
+		}
+	}
 	sn, err := p.reg.Join(ctx, topic, s.id, m)
 	if err != nil {
 		return err
@@ -398,6 +424,10 @@ func (s *session) handleFramePresence(ctx context.Context, f *frames.Presence) {
 // presenceError maps a registry error to the typed error that answers ref.
 func (s *session) presenceError(ref, topic string, err error) *frames.Error {
 	switch {
+	case errors.Is(err, errSyncRate):
+		return frames.NewError(frames.CodeRateLimited, ref,
+			fmt.Sprintf("presence: this session was sent %d member lists at once and %d a second since; this join would need another", presenceSyncBurst, presenceSyncRate),
+			"send the join again after a pause; a session that stays subscribed and joined gets the diffs, and needs no new list")
 	case errors.Is(err, presence.ErrMetaTooLarge):
 		return frames.NewError(frames.CodeMetaTooLarge, ref, "presence.members[0].meta: over the server's limit", "")
 	case errors.Is(err, presence.ErrIDConflict):

@@ -591,3 +591,35 @@ func TestPresence_RejoinAfterStall(t *testing.T) {
 		t.Fatalf("after the stall the sync lists %s, live = %+v; want live with its last meta", memberIDs(sync.Members), live)
 	}
 }
+
+// TestPresence_ListsPerSessionAreRationed: leave then join again buys a
+// whole member list each time; a session gets 128 lists at once, then 2
+// a second. Over that (the clock stands still here) a join that needs a
+// list is refused with X_RATE_LIMITED and changes nothing.
+func TestPresence_ListsPerSessionAreRationed(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_700_000_000, 0)
+	srv := newTestServer(t, fastPresence(gateway.Config{Now: func() time.Time { return now }}))
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("churn", 0)
+	c.Subscribe("s", "room")
+	for i := range 128 {
+		join(t, c, "room", `null`)
+		if code := presenceAck(c, "room", frames.PresenceLeave, `null`, 0); code != "" {
+			t.Fatalf("leave %d: %s", i, code)
+		}
+	}
+	if code := presenceAck(c, "room", frames.PresenceJoin, `null`, 0); code != frames.CodeRateLimited {
+		t.Fatalf("join 129 with the clock still: %q, want X_RATE_LIMITED", code)
+	}
+	// Refused whole: the member is not in the topic.
+	if code := presenceAck(c, "room", frames.PresenceUpdate, `{"x":1}`, 0); code != frames.CodePresenceNotJoined {
+		t.Fatalf("update after the refused join: %q, want X_PRESENCE_NOT_JOINED", code)
+	}
+	other := gwtest.Dial(t, srv.url, nil)
+	other.Hello("", 0)
+	other.Subscribe("s", "room")
+	if sync := join(t, other, "room", `null`); strings.Contains(memberIDs(sync.Members), "churn") {
+		t.Fatalf("the refused join is listed: %s", memberIDs(sync.Members))
+	}
+}

@@ -57,6 +57,7 @@ type session struct {
 	auth         atomic.Pointer[authState]
 	tokens       tokenClock
 	lim          *rate.Limiter              // nil: no frame rate limit
+	syncs        *rate.Limiter              // presence lists sent on join (presence.go); nil until the first join
 	limitedSince int64                      // Unix nanoseconds: start of the current run of refused frames
 	limitedLast  int64                      // Unix nanoseconds: the last refused frame
 	limitedSent  int64                      // Unix nanoseconds: the last X_RATE_LIMITED answer
