@@ -106,14 +106,16 @@ type Config struct {
 
 	// MaxSessionsPerIP caps the sessions of one client IP address (the
 	// TCP peer: behind a proxy, the proxy's). Over it a WebSocket client
-	// gets a reconnect frame and close 1013, like an overloaded node.
-	// Zero (the default) or negative means no cap.
+	// gets a reconnect frame and close 1013, like an overloaded node. A
+	// live Durable Streams read (long-poll, SSE) counts as a session; over
+	// the cap it gets 429. Zero (the default) or negative means no cap.
 	MaxSessionsPerIP int
 
 	// MaxSessionsPerActor caps the sessions of one actor (token sub). Over
 	// it the hello is answered X_TOO_MANY_SESSIONS and the session closed
-	// with 1008. Zero means 100; negative means no cap. Anonymous
-	// sessions are not counted.
+	// with 1008. A live Durable Streams read with a token counts as a
+	// session of its sub; over the cap it gets 429. Zero means 100;
+	// negative means no cap. Anonymous sessions are not counted.
 	MaxSessionsPerActor int
 
 	// WriteBudget is the node's target rate of WebSocket messages written

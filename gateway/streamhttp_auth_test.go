@@ -9,6 +9,7 @@ import (
 
 	"github.com/syncgate/syncgate/auth"
 	"github.com/syncgate/syncgate/gateway"
+	"github.com/syncgate/syncgate/internal/gwtest"
 )
 
 // TestStreamHTTP_Tokens: with token keys the HTTP stream API wants the
@@ -234,4 +235,35 @@ func TestStreamHTTP_WriteRateBySub(t *testing.T) {
 	for _, body := range []string{"1", "2", "3"} {
 		anon.do(t, "POST", "/v1/stream/a", with(text), body).want(t, 204)
 	}
+}
+
+// TestStreamHTTP_LiveReadsShareTheActorCap: a live read counts against
+// its token's sub's session cap, as a WebSocket session does: over it a
+// long-poll gets 429 with Retry-After, a catch-up read still passes, and
+// once the session ends the long-poll is served.
+func TestStreamHTTP_LiveReadsShareTheActorCap(t *testing.T) {
+	t.Parallel()
+	v, err := auth.New(auth.Config{Secret: testSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStreamServer(t, gateway.Config{Verifier: v, MaxSessionsPerActor: 1, LongPollTimeout: 100 * time.Millisecond})
+	tok := sign(t, jwt.SigningMethodHS256, testSecret, auth.Claims{
+		RegisteredClaims: jwt.RegisteredClaims{Subject: "u", ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))},
+		Topics:           auth.TopicClaims{Subscribe: []string{"**"}, Manage: []string{"**"}}})
+	bearer := hdr("Authorization", "Bearer "+tok)
+	const p = "/v1/stream/live"
+	s.do(t, "PUT", p, hdr("Authorization", "Bearer "+tok, "Content-Type", "text/plain"), "a").want(t, 201)
+
+	ws := gwtest.Dial(t, gwtest.WSURL(s.base), nil)
+	if h, ack := helloWith(ws, tok); h == nil {
+		t.Fatalf("hello refused: %+v", ack)
+	}
+	s.do(t, "GET", p+"?offset=now&live=long-poll", bearer, "").want(t, 429).wantHeader(t, "Retry-After", "1")
+	s.do(t, "GET", p+"?offset=-1", bearer, "").want(t, 200).wantBody(t, "a")
+	ws.Close()
+	gwtest.Eventually(t, gwtest.Timeout, "the session's slot freed for a long-poll", func() bool {
+		r, err := s.try("GET", p+"?offset=now&live=long-poll", bearer, "")
+		return err == nil && r.status == 204
+	})
 }

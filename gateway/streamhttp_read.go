@@ -173,6 +173,15 @@ func (s *Server) serveRead(w http.ResponseWriter, r *http.Request, name string, 
 			return
 		}
 	}
+	if q.live != liveNone {
+		release, rerr := s.holdLiveRead(r, id)
+		if rerr != nil {
+			w.Header().Set("Retry-After", "1")
+			s.fail(w, r, rerr)
+			return
+		}
+		defer release()
+	}
 	switch q.live {
 	case liveLongPoll:
 		s.serveLongPoll(w, r, name, q, until)
@@ -181,6 +190,29 @@ func (s *Server) serveRead(w http.ResponseWriter, r *http.Request, name string, 
 	default:
 		s.serveCatchUp(w, r, name, q)
 	}
+}
+
+// holdLiveRead counts a live read against the caps of WebSocket sessions
+// it is like (a connection held open to be written to): per client
+// address (MaxSessionsPerIP) and per actor (MaxSessionsPerActor, with a
+// token). Over either it is refused with 429. release ends the count.
+func (s *Server) holdLiveRead(r *http.Request, id *auth.Identity) (release func(), err *requestError) {
+	ip := clientIP(r.RemoteAddr)
+	if !s.perIP.acquire(ip) {
+		return nil, s.tooManyLive(fmt.Sprintf("this address already has %d sessions and live reads open, the limit", s.perIP.max))
+	}
+	if id == nil {
+		return func() { s.perIP.release(ip) }, nil
+	}
+	if !s.perActor.acquire(id.ActorID) {
+		s.perIP.release(ip)
+		return nil, s.tooManyLive(fmt.Sprintf("this token's sub already has %d sessions and live reads open, the limit", s.perActor.max))
+	}
+	return func() { s.perActor.release(id.ActorID); s.perIP.release(ip) }, nil
+}
+
+func (s *Server) tooManyLive(why string) *requestError {
+	return &requestError{http.StatusTooManyRequests, why + ": close one, or read without live (catch-up reads are not counted)"}
 }
 
 // liveFor is how long a live read may last: d, or less when until (not

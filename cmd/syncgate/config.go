@@ -350,7 +350,7 @@ var settings = []setting{
 			c.Gateway.RateLimitClose = d
 			return nil
 		}},
-	{"max-sessions-per-ip", "SYNCGATE_MAX_SESSIONS_PER_IP", "off", "sessions one client IP may hold; over it a client is told to come back (1013). Behind a proxy every client shares its address: leave off there",
+	{"max-sessions-per-ip", "SYNCGATE_MAX_SESSIONS_PER_IP", "off", "sessions one client IP may hold, live stream reads included; over it a client is told to come back (1013; a live read: 429). Behind a proxy every client shares its address: leave off there",
 		func(c *config, v string) error {
 			if v == "off" {
 				c.Gateway.MaxSessionsPerIP = 0
@@ -358,7 +358,7 @@ var settings = []setting{
 			}
 			return intSetting(func(c *config) *int { return &c.Gateway.MaxSessionsPerIP })(c, v)
 		}},
-	{"max-sessions-per-actor", "SYNCGATE_MAX_SESSIONS_PER_ACTOR", "100", "sessions one actor (token sub) may hold; over it the hello gets X_TOO_MANY_SESSIONS and close 1008 (off: no cap)",
+	{"max-sessions-per-actor", "SYNCGATE_MAX_SESSIONS_PER_ACTOR", "100", "sessions one actor (token sub) may hold, live stream reads included; over it the hello gets X_TOO_MANY_SESSIONS and close 1008, a live read 429 (off: no cap)",
 		func(c *config, v string) error {
 			if v == "off" {
 				c.Gateway.MaxSessionsPerActor = -1
