@@ -234,7 +234,7 @@ func TestDefaultFix(t *testing.T) {
 		CodeSeqGap, CodeSeqForgotten, CodeEpochFenced, CodeTooManySubs, CodeInternal,
 		CodeTokenRequired, CodeTokenExpired, CodeTokenNotYetValid, CodeBadToken, CodeTokenRejected,
 		CodeForbidden, CodeRateLimited, CodeTooManySessions,
-		CodePresenceNotSubscribed, CodePresenceNotJoined, CodePresenceConflict, CodeMetaTooLarge}
+		CodePresenceNotSubscribed, CodePresenceNotJoined, CodePresenceConflict, CodePresenceRateLimited, CodeMetaTooLarge}
 	if len(codes) != len(defaultFixes) {
 		t.Fatalf("%d codes listed here, %d default fixes", len(codes), len(defaultFixes))
 	}

@@ -52,6 +52,7 @@ const (
 	CodePresenceNotSubscribed Code = "X_PRESENCE_NOT_SUBSCRIBED" // presence join/update on a topic the session has not subscribed to
 	CodePresenceNotJoined     Code = "X_PRESENCE_NOT_JOINED"     // presence update without a join, or after the member expired
 	CodePresenceConflict      Code = "X_PRESENCE_CONFLICT"       // the member id (hello.clientId) is held by another actor in the topic
+	CodePresenceRateLimited   Code = "X_PRESENCE_RATE_LIMITED"   // a join that needs a member list, over the session's budget of lists
 	CodeMetaTooLarge          Code = "X_META_TOO_LARGE"          // a presence member's meta is over the server's limit
 )
 
@@ -124,6 +125,7 @@ var defaultFixes = map[Code]string{
 	CodePresenceNotSubscribed: "Subscribe to the topic before joining its presence.",
 	CodePresenceNotJoined:     "Send presence join (again) before update; a member expires when its session stops answering.",
 	CodePresenceConflict:      "Use a hello.clientId of your own; another actor's session holds this one in the topic.",
+	CodePresenceRateLimited:   "Send the join again after a pause; stay joined rather than leave and join again, and a member's changes come as diffs.",
 	CodeMetaTooLarge:          "Send smaller presence meta (the server's limit is 512 bytes by default).",
 }
 

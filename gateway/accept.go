@@ -81,13 +81,16 @@ var refusalText = map[string]string{
 // client while maxRefusing refusals are under way: in a storm the refused
 // must not cost the node more than the admitted.
 func (s *Server) refuse(w http.ResponseWriter, r *http.Request, reason string, after time.Duration) {
-	if !isWebSocketUpgrade(r) || s.refusing.Load() >= maxRefusing || !s.track() {
+	if !isWebSocketUpgrade(r) {
+		s.refusePlain(w, reason, after)
+		return
+	}
+	defer s.refusing.Add(-1)
+	if s.refusing.Add(1) > maxRefusing || !s.track() {
 		s.refusePlain(w, reason, after)
 		return
 	}
 	defer s.wg.Done()
-	s.refusing.Add(1)
-	defer s.refusing.Add(-1)
 	if !s.checkOrigin(w, r) {
 		return // a foreign page learns nothing, not even the node's load
 	}

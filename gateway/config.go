@@ -53,7 +53,10 @@ type Config struct {
 	SendQueueMessages int
 	SendQueueBytes    int
 
-	// WriteTimeout bounds every network write. Zero means 10s.
+	// WriteTimeout bounds every network write. A Durable Streams read
+	// (GET, HEAD) must be answered and taken within it, from the
+	// request's start: a live read's bound grows with its wait, and an
+	// SSE response's is per event. Zero means 10s.
 	WriteTimeout time.Duration
 
 	// PingInterval is how often the server pings each session; a session

@@ -279,14 +279,11 @@ func (p *presenceHub) closed(s *session) {
 	p.releaseLocked(s)
 }
 
-// Presence lists a session may be sent on join: presenceSyncBurst at once
-// (one per subscription a session may hold), then presenceSyncRate a
-// second. A list costs the node up to MaxListed members' encoding under
-// mu, against one small frame from the client.
-const (
-	presenceSyncRate  = 2
-	presenceSyncBurst = 128
-)
+// presenceSyncRate is how many presence lists a session may be sent on
+// join a second, after a burst of one per subscription it may hold
+// (MaxSubscriptions). A list costs the node up to MaxListed members'
+// encoding under mu, against one small frame from the client.
+const presenceSyncRate = 2
 
 // errSyncRate refuses a join whose list the session's budget cannot pay.
 var errSyncRate = errors.New("presence: over the session's rate of lists")
@@ -304,16 +301,25 @@ func (p *presenceHub) join(ctx context.Context, s *session, topic, ref string, m
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	_, joined := p.held[s][topic]
+	var list *rate.Reservation // the list this join is sent, if it needs one
+	now := p.srv.cfg.Now()
 	if !joined {
 		if s.syncs == nil {
-			s.syncs = rate.NewLimiter(presenceSyncRate, presenceSyncBurst)
+			s.syncs = rate.NewLimiter(presenceSyncRate, max(1, p.srv.cfg.MaxSubscriptions))
 		}
-		if !s.syncs.AllowN(p.srv.cfg.Now(), 1) {
+		if list = s.syncs.ReserveN(now, 1); !list.OK() || list.DelayFrom(now) > 0 {
+			list.CancelAt(now)
 			return errSyncRate
 		}
 	}
 	sn, err := p.reg.Join(ctx, topic, s.id, m)
 	if err != nil {
+		if list != nil {
+			// No list was sent. At the reservation's own time: later,
+			// rate.Reservation gives nothing back. Only this session's
+			// reader (under mu) uses its limiter, so nothing came between.
+			list.CancelAt(now)
+		}
 		return err
 	}
 	p.holdLocked(s, topic, m)
@@ -425,9 +431,8 @@ func (s *session) handleFramePresence(ctx context.Context, f *frames.Presence) {
 func (s *session) presenceError(ref, topic string, err error) *frames.Error {
 	switch {
 	case errors.Is(err, errSyncRate):
-		return frames.NewError(frames.CodeRateLimited, ref,
-			fmt.Sprintf("presence: this session was sent %d member lists at once and %d a second since; this join would need another", presenceSyncBurst, presenceSyncRate),
-			"send the join again after a pause; a session that stays subscribed and joined gets the diffs, and needs no new list")
+		return frames.NewError(frames.CodePresenceRateLimited, ref,
+			fmt.Sprintf("presence: this session was sent %d member lists at once and %d a second since; this join would need another", max(1, s.srv.cfg.MaxSubscriptions), presenceSyncRate), "")
 	case errors.Is(err, presence.ErrMetaTooLarge):
 		return frames.NewError(frames.CodeMetaTooLarge, ref, "presence.members[0].meta: over the server's limit", "")
 	case errors.Is(err, presence.ErrIDConflict):

@@ -595,7 +595,8 @@ func TestPresence_RejoinAfterStall(t *testing.T) {
 // TestPresence_ListsPerSessionAreRationed: leave then join again buys a
 // whole member list each time; a session gets 128 lists at once, then 2
 // a second. Over that (the clock stands still here) a join that needs a
-// list is refused with X_RATE_LIMITED and changes nothing.
+// list is refused with X_PRESENCE_RATE_LIMITED and changes nothing. A
+// join the registry refuses costs no list.
 func TestPresence_ListsPerSessionAreRationed(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1_700_000_000, 0)
@@ -603,14 +604,20 @@ func TestPresence_ListsPerSessionAreRationed(t *testing.T) {
 	c := gwtest.Dial(t, srv.url, nil)
 	c.Hello("churn", 0)
 	c.Subscribe("s", "room")
+	big := `"` + strings.Repeat("m", 1000) + `"`
+	for range 10 {
+		if code := presenceAck(c, "room", frames.PresenceJoin, big, 0); code != frames.CodeMetaTooLarge {
+			t.Fatalf("oversized join: %q", code)
+		}
+	}
 	for i := range 128 {
 		join(t, c, "room", `null`)
 		if code := presenceAck(c, "room", frames.PresenceLeave, `null`, 0); code != "" {
 			t.Fatalf("leave %d: %s", i, code)
 		}
 	}
-	if code := presenceAck(c, "room", frames.PresenceJoin, `null`, 0); code != frames.CodeRateLimited {
-		t.Fatalf("join 129 with the clock still: %q, want X_RATE_LIMITED", code)
+	if code := presenceAck(c, "room", frames.PresenceJoin, `null`, 0); code != frames.CodePresenceRateLimited {
+		t.Fatalf("join 129 with the clock still: %q, want X_PRESENCE_RATE_LIMITED", code)
 	}
 	// Refused whole: the member is not in the topic.
 	if code := presenceAck(c, "room", frames.PresenceUpdate, `{"x":1}`, 0); code != frames.CodePresenceNotJoined {

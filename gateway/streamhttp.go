@@ -100,14 +100,17 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	// A client must take its response within WriteTimeout (a live read
-	// extends this: extendWriteDeadline, writeSSE) and send its body
-	// within StreamBodyTimeout: a reader that never reads, or a body
-	// trickled in, must not hold the connection and its buffers forever.
-	rc := http.NewResponseController(w)
-	_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout)) // ErrNotSupported: a wrapped writer; nothing to do
-	if r.Method == http.MethodPost || r.Method == http.MethodPut {
-		_ = rc.SetReadDeadline(time.Now().Add(s.cfg.StreamBodyTimeout))
+	// A reader that never reads must not hold the connection and its
+	// buffers: a read's response (a page of up to 1 MiB) must be taken
+	// within WriteTimeout; a live read moves this bound (long-poll:
+	// extendWriteDeadline, SSE: writeSSE). A write's answer is small and
+	// is not bounded here: a deadline set before its body and commit
+	// could cut the answer of an append already made, and its client's
+	// retry would append again. Its body has StreamBodyTimeout (readBody).
+	// On HTTP/2 a write deadline is a timer that resets the stream when
+	// it fires, writing or not, so it must cover the whole response.
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout)) // ErrNotSupported: a wrapped writer
 	}
 
 	if r.Method == http.MethodOptions {

@@ -537,13 +537,19 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, name string, q
 }
 
 // writeSSE writes and flushes one or more whole events, each write under
-// its own deadline.
+// its own deadline, lifted once the events are flushed: on HTTP/2 a
+// deadline is a timer that resets the stream when it fires, so one left
+// set would end an SSE response idle between events.
 func (s *Server) writeSSE(w http.ResponseWriter, rc *http.ResponseController, events []byte) error {
 	_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 	if _, err := w.Write(events); err != nil {
 		return err
 	}
-	return rc.Flush()
+	if err := rc.Flush(); err != nil {
+		return err
+	}
+	_ = rc.SetWriteDeadline(time.Time{})
+	return nil
 }
 
 // appendSSEData appends one data event carrying res's records: a JSON

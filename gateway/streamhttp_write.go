@@ -53,7 +53,7 @@ func (s *Server) serveCreate(w http.ResponseWriter, r *http.Request, name string
 		s.fail(w, r, err)
 		return
 	}
-	body, err := s.readBody(r)
+	body, err := s.readBody(w, r)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -231,7 +231,7 @@ func (s *Server) serveAppend(w http.ResponseWriter, r *http.Request, name string
 		s.fail(w, r, err)
 		return
 	}
-	body, err := s.readBody(r)
+	body, err := s.readBody(w, r)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -360,7 +360,23 @@ func producerNumber(h http.Header, k string) (int64, error) {
 
 // readBody reads the request body, up to s.cfg.MaxAppendBytes; a larger
 // one is drained (within limits) and refused with 413.
-func (s *Server) readBody(r *http.Request) ([]byte, error) {
+// readBody reads r's body, which must arrive within StreamBodyTimeout (a
+// body trickled in must not hold the connection and its buffer). A body
+// read whole lifts the deadline, so it cannot end the request's context
+// while the append commits. On an error it stays: net/http reads what
+// is left of the body before it writes the answer, and must not wait
+// for it.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) (body []byte, err error) {
+	if r.ContentLength != 0 { // a request without a body reads nothing
+		rc := http.NewResponseController(w)
+		if rc.SetReadDeadline(time.Now().Add(s.cfg.StreamBodyTimeout)) == nil {
+			defer func() {
+				if err == nil {
+					_ = rc.SetReadDeadline(time.Time{})
+				}
+			}()
+		}
+	}
 	limit := s.cfg.MaxAppendBytes
 	tooLarge := &requestError{http.StatusRequestEntityTooLarge,
 		fmt.Sprintf("the body is larger than %d bytes: split it into smaller appends", limit)}
@@ -368,7 +384,7 @@ func (s *Server) readBody(r *http.Request) ([]byte, error) {
 		_, _ = io.CopyN(io.Discard, r.Body, maxDrainBytes)
 		return nil, tooLarge
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	body, err = io.ReadAll(io.LimitReader(r.Body, limit+1))
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		return nil, &requestError{http.StatusRequestTimeout,
 			fmt.Sprintf("the body did not arrive within %v: send it at once, or smaller appends", s.cfg.StreamBodyTimeout)}
