@@ -60,7 +60,6 @@ type producer struct {
 	next     int64            // guarded by mu: the next expected seq
 	ring     []outcome        // guarded by mu: outcome of seq at seq % window, grown lazily
 	keys     map[string]int64 // guarded by mu: key → seq for outcomes in ring
-	bytes    int              // guarded by mu: outcomeBytes of the ring, at most maxProducerBytes
 	sessions int              // guarded by producers.mu: live sessions using it
 	idleAt   time.Time        // guarded by producers.mu: when sessions fell to 0
 }
@@ -71,25 +70,7 @@ func newProducer(epoch int64, window int) *producer {
 
 // resetLocked starts a new epoch at seq 0.
 func (p *producer) resetLocked(epoch int64) {
-	p.epoch, p.next, p.ring, p.keys, p.bytes = epoch, 0, nil, nil, 0
-}
-
-// maxProducerBytes bounds the text a producer's ring holds (keys, offsets,
-// error texts). An honest client's window fits well within it (256
-// outcomes of a 36-byte key and an offset are about 18 KiB); one sending
-// 256-byte keys that each earn an error would otherwise make every
-// producer record hold over 200 KiB, for ProducerIdle after it leaves.
-// Over it the oldest outcomes are forgotten: their retries get
-// X_SEQ_FORGOTTEN, as those beyond the window do.
-const maxProducerBytes = 64 << 10
-
-// outcomeBytes is the text o holds.
-func outcomeBytes(o outcome) int {
-	n := len(o.key) + len(o.lsn)
-	if o.err != nil {
-		n += len(o.err.Cause) + len(o.err.Fix) + len(o.err.Docs)
-	}
-	return n
+	p.epoch, p.next, p.ring, p.keys = epoch, 0, nil, nil
 }
 
 // run applies the producer rules to mutate f from a session on epoch, then
@@ -143,7 +124,7 @@ func (p *producer) run(epoch int64, first bool, f *frames.Mutate, reply func(out
 			return
 		}
 		reply(outcome{key: f.Key, err: frames.NewError(frames.CodeSeqForgotten, f.Key,
-			fmt.Sprintf("mutate.seq %d is a retry older than the outcomes this server remembers (the last %d, at most %d KiB of their keys and texts)", f.Seq, p.window, maxProducerBytes>>10),
+			fmt.Sprintf("mutate.seq %d is a retry older than the last %d outcomes this server remembers", f.Seq, p.window),
 			fmt.Sprintf("do not retry it; the next seq is %d", p.next))})
 		return
 	case f.Seq > p.next:
@@ -241,29 +222,11 @@ func (p *producer) recordLocked(o outcome) {
 	if i >= len(p.ring) {
 		p.ring = append(p.ring, make([]outcome, i+1-len(p.ring))...)
 	}
-	p.forgetLocked(i)
-	p.ring[i] = o
-	p.keys[o.key] = o.seq
-	p.bytes += outcomeBytes(o)
-	// Over the bound, forget the oldest outcomes that are not pending.
-	for from := o.seq - int64(p.window) + 1; p.bytes > maxProducerBytes && from < o.seq; from++ {
-		if j := int(from % int64(p.window)); from >= 0 && j < len(p.ring) && p.ring[j].seq == from && p.ring[j].wait == nil {
-			p.forgetLocked(j)
-		}
-	}
-}
-
-// forgetLocked empties slot i of the ring.
-func (p *producer) forgetLocked(i int) {
-	old := p.ring[i]
-	if old.key == "" {
-		return
-	}
-	if p.keys[old.key] == old.seq {
+	if old := p.ring[i]; old.key != "" && p.keys[old.key] == old.seq {
 		delete(p.keys, old.key)
 	}
-	p.bytes -= outcomeBytes(old)
-	p.ring[i] = outcome{}
+	p.ring[i] = o
+	p.keys[o.key] = o.seq
 }
 
 // producerName names the producer of a client: its clientID, within its

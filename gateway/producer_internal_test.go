@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -53,54 +52,6 @@ func TestProducers_Sweep(t *testing.T) {
 	}
 	if n := tab.sweep(t0.Add(100 * time.Hour)); n != 1 || tab.m["held"] != held {
 		t.Fatalf("much later: forgot %d, held kept %v; want 1 (recent) and held kept", n, tab.m["held"] == held)
-	}
-}
-
-// TestProducer_TextBound: a producer whose outcomes carry long keys and
-// error texts keeps at most maxProducerBytes of them, forgetting the
-// oldest (their retries get X_SEQ_FORGOTTEN); short ones keep the whole
-// window.
-func TestProducer_TextBound(t *testing.T) {
-	long := strings.Repeat("k", 256)
-	run := func(p *producer, seq int64, key string, fail bool) {
-		p.run(0, false, &frames.Mutate{Key: key, Seq: seq}, func(outcome) {}, func() (outcome, <-chan outcome) {
-			if fail {
-				return outcome{key: key, err: frames.NewError(frames.CodeUnknownMutation, key, "mutate.name "+strings.Repeat("n", 256)+" is not known", "")}, nil
-			}
-			return outcome{key: key, lsn: frames.FormatOffset(1, uint64(seq))}, nil
-		})
-	}
-	p := newProducer(0, 256)
-	for seq := range int64(256) {
-		run(p, seq, fmt.Sprintf("%s-%d", long, seq), true)
-	}
-	if p.bytes > maxProducerBytes {
-		t.Fatalf("ring text %d bytes, over %d", p.bytes, maxProducerBytes)
-	}
-	if _, ok := p.lookupLocked(255); !ok {
-		t.Fatal("the newest outcome was forgotten")
-	}
-	if _, ok := p.lookupLocked(0); ok {
-		t.Fatal("the oldest outcome is kept over the bound")
-	}
-	var kept int
-	for seq := range int64(256) {
-		if _, ok := p.lookupLocked(seq); ok {
-			kept++
-		}
-	}
-	if kept < 64 {
-		t.Fatalf("only %d outcomes kept", kept)
-	}
-
-	q := newProducer(0, 256)
-	for seq := range int64(300) {
-		run(q, seq, fmt.Sprintf("k-%d", seq), false)
-	}
-	for seq := int64(300 - 256); seq < 300; seq++ {
-		if _, ok := q.lookupLocked(seq); !ok {
-			t.Fatalf("short outcome %d forgotten within the window", seq)
-		}
 	}
 }
 
