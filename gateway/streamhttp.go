@@ -89,6 +89,13 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
 	h.Set("Access-Control-Allow-Origin", "*")
 	h.Set("Access-Control-Expose-Headers", corsExposeHeaders)
 
+	// A body must arrive within StreamBodyTimeout, also one the request is
+	// refused before it reads (net/http drains up to 256 KiB of it before
+	// the answer); readBody lifts the deadline once a body is whole.
+	if r.ContentLength != 0 {
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.cfg.StreamBodyTimeout))
+	}
+
 	// Without token keys a request carries no credential, so any page the
 	// browser has open could read, write and delete streams (the loopback
 	// rule does not help: the browser is on loopback). There, the Origin

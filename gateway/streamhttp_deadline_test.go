@@ -199,3 +199,41 @@ func TestPresence_ListBudgetKeepsTheClient(t *testing.T) {
 		t.Fatalf("publish after the refusal: %v (client error %v)", err, c.Err())
 	}
 }
+
+// TestStreamHTTP_RefusedSlowBodyAnswered: a write refused before its body
+// is read (a bad header, a foreign Origin), whose body trickles in, is
+// still answered once StreamBodyTimeout passes: net/http reads the rest
+// of a body before it answers, and that read is bounded too.
+func TestStreamHTTP_RefusedSlowBodyAnswered(t *testing.T) {
+	t.Parallel()
+	s := newStreamServer(t, gateway.Config{StreamBodyTimeout: 300 * time.Millisecond})
+	host := strings.TrimPrefix(s.base, "http://")
+	for _, tc := range []struct {
+		head string
+		want int
+	}{
+		{"PUT /v1/stream/x HTTP/1.1\r\nHost: " + host + "\r\nStream-TTL: abc\r\nContent-Length: 1000\r\n\r\nx", http.StatusBadRequest},
+		{"POST /v1/stream/x HTTP/1.1\r\nHost: " + host + "\r\nOrigin: http://evil.example\r\nContent-Length: 1000\r\n\r\nx", http.StatusForbidden},
+		{"POST /v1/stream/x HTTP/1.1\r\nHost: " + host + "\r\nOrigin: http://evil.example\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\n", http.StatusForbidden},
+	} {
+		conn, err := net.Dial("tcp", host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Write([]byte(tc.head)); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("%q: no answer: %v", strings.SplitN(tc.head, "\r\n", 2)[0], err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("%q: %s, want %d", strings.SplitN(tc.head, "\r\n", 2)[0], resp.Status, tc.want)
+		}
+	}
+}

@@ -359,24 +359,19 @@ func producerNumber(h http.Header, k string) (int64, error) {
 }
 
 // readBody reads the request body, up to s.cfg.MaxAppendBytes; a larger
-// one is drained (within limits) and refused with 413.
-// readBody reads r's body, which must arrive within StreamBodyTimeout (a
-// body trickled in must not hold the connection and its buffer). A body
-// read whole lifts the deadline, so it cannot end the request's context
-// while the append commits. On an error it stays: net/http reads what
-// is left of the body before it writes the answer, and must not wait
-// for it.
+// one is drained (within limits) and refused with 413. The body must
+// arrive within StreamBodyTimeout of the request's start (serveStream
+// sets the deadline: a body trickled in must not hold the connection and
+// its buffer). A body read whole lifts the deadline, so it cannot end the
+// request's context while the append commits. On an error it stays:
+// net/http reads what is left of the body before it writes the answer,
+// and must not wait for it.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) (body []byte, err error) {
-	if r.ContentLength != 0 { // a request without a body reads nothing
-		rc := http.NewResponseController(w)
-		if rc.SetReadDeadline(time.Now().Add(s.cfg.StreamBodyTimeout)) == nil {
-			defer func() {
-				if err == nil {
-					_ = rc.SetReadDeadline(time.Time{})
-				}
-			}()
+	defer func() {
+		if err == nil && r.ContentLength != 0 {
+			_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
 		}
-	}
+	}()
 	limit := s.cfg.MaxAppendBytes
 	tooLarge := &requestError{http.StatusRequestEntityTooLarge,
 		fmt.Sprintf("the body is larger than %d bytes: split it into smaller appends", limit)}
