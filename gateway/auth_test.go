@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -10,6 +11,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -355,6 +357,34 @@ func TestGateway_AnonymousNeedsLoopbackHost(t *testing.T) {
 				t.Errorf("insecure=%v host %q: %d, want %d", insecure, host, resp.StatusCode, want)
 			}
 		}
+	}
+}
+
+// TestGateway_MisdirectedSlowBodyAnswered: a request for another host
+// whose body never comes is answered 421 at once, not after net/http has
+// waited for the rest of the body.
+func TestGateway_MisdirectedSlowBodyAnswered(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{})
+	addr := strings.TrimPrefix(srv.ts.URL, "http://")
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Write([]byte("POST /v1/stream/x HTTP/1.1\r\nHost: evil.example\r\nContent-Length: 1000\r\n\r\nx")); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMisdirectedRequest {
+		t.Fatalf("%s, want 421", resp.Status)
 	}
 }
 
