@@ -1,7 +1,6 @@
 package gateway_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -11,7 +10,6 @@ import (
 	"encoding/pem"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -366,26 +364,8 @@ func TestGateway_AnonymousNeedsLoopbackHost(t *testing.T) {
 func TestGateway_MisdirectedSlowBodyAnswered(t *testing.T) {
 	t.Parallel()
 	srv := newTestServer(t, gateway.Config{})
-	addr := strings.TrimPrefix(srv.ts.URL, "http://")
-	conn, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Write([]byte("POST /v1/stream/x HTTP/1.1\r\nHost: evil.example\r\nContent-Length: 1000\r\n\r\nx")); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("no answer: %v", err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusMisdirectedRequest {
-		t.Fatalf("%s, want 421", resp.Status)
-	}
+	_, br := rawConn(t, strings.TrimPrefix(srv.ts.URL, "http://"), slowPost("evil.example", "/v1/stream/x", 1000, "x"))
+	rawAnswer(t, br, "a POST for another host", http.StatusMisdirectedRequest)
 }
 
 // FuzzHelloToken sends arbitrary tokens through the gateway's hello path:

@@ -313,21 +313,29 @@ func TestDrain_CutsSessionsAlreadyClosing(t *testing.T) {
 // Shutdown's ctx ends, as sessions are.
 func TestDrain_ShutdownCutsRefusals(t *testing.T) {
 	t.Parallel()
+	srv := silentRefusal(t)
+	shutdownCuts(t, srv)
+}
+
+// silentRefusal starts a node, drains it (it has no sessions, so it
+// stays draining) and has one client turned away by it that reads
+// nothing: its refusal has written the reconnect frame and waits for a
+// close this client never sends.
+func silentRefusal(t *testing.T) *testServer {
+	t.Helper()
 	srv := newTestServer(t, gateway.Config{})
-	if err := srv.gw.Drain(t.Context()); err != nil { // no sessions: the node stays draining
+	if err := srv.gw.Drain(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	c, _, err := websocket.Dial(t.Context(), srv.url, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.CloseNow()
-	// The refusal has written its frame and waits for a close this client
-	// never sends (it reads nothing).
+	t.Cleanup(func() { _ = c.CloseNow() })
 	gwtest.Eventually(t, gwtest.Timeout, "the reconnect frame written", func() bool {
 		return strings.Contains(scrape(t, srv.ts.URL), `syncgate_frames_out_total{type="reconnect"} 1`)
 	})
-	shutdownCuts(t, srv)
+	return srv
 }
 
 // TestDrain_RefusalWaitsASecondForClose: a refused client that never
@@ -335,18 +343,7 @@ func TestDrain_ShutdownCutsRefusals(t *testing.T) {
 // would wait 5 s), so a Shutdown with a 4 s ctx finds it gone.
 func TestDrain_RefusalWaitsASecondForClose(t *testing.T) {
 	t.Parallel()
-	srv := newTestServer(t, gateway.Config{})
-	if err := srv.gw.Drain(t.Context()); err != nil { // no sessions: the node stays draining
-		t.Fatal(err)
-	}
-	c, _, err := websocket.Dial(t.Context(), srv.url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.CloseNow() // it reads nothing: the refusal's close gets no answer
-	gwtest.Eventually(t, gwtest.Timeout, "the reconnect frame written", func() bool {
-		return strings.Contains(scrape(t, srv.ts.URL), `syncgate_frames_out_total{type="reconnect"} 1`)
-	})
+	srv := silentRefusal(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
 	defer cancel()
 	if err := srv.gw.Shutdown(ctx); err != nil {

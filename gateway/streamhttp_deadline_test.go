@@ -23,12 +23,12 @@ import (
 // HTTP/1.1 and HTTP/2, whose write deadline is a timer that resets the
 // stream when it fires, written or not.
 
-// rawPost sends the head of a POST to path with a Content-Length of n and
-// the first bytes of its body, and returns the connection and its reader.
-func rawPost(t *testing.T, base, path string, n int, first string) (net.Conn, *bufio.Reader) {
+// rawConn writes raw (a request as it goes on the wire, its body perhaps
+// cut short) on a new connection to addr (host:port) and returns the
+// connection, for more of the body, and a reader of its answers.
+func rawConn(t *testing.T, addr, raw string) (net.Conn, *bufio.Reader) {
 	t.Helper()
-	host := strings.TrimPrefix(base, "http://")
-	conn, err := net.Dial("tcp", host)
+	conn, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,12 +36,31 @@ func rawPost(t *testing.T, base, path string, n int, first string) (net.Conn, *b
 	if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	head := "POST " + path + " HTTP/1.1\r\nHost: " + host + "\r\nContent-Type: text/plain\r\nContent-Length: " +
-		strconv.Itoa(n) + "\r\n\r\n" + first
-	if _, err := conn.Write([]byte(head)); err != nil {
+	if _, err := conn.Write([]byte(raw)); err != nil {
 		t.Fatal(err)
 	}
 	return conn, bufio.NewReader(conn)
+}
+
+// rawAnswer reads the answer on br and fails the test unless it has
+// status want; what names the request.
+func rawAnswer(t *testing.T, br *bufio.Reader, what string, want int) {
+	t.Helper()
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("%s: no answer: %v", what, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != want {
+		t.Fatalf("%s: %s, want %d", what, resp.Status, want)
+	}
+}
+
+// slowPost is the head of a text POST to path on addr promising n bytes
+// of body, and the first of them.
+func slowPost(addr, path string, n int, first string) string {
+	return "POST " + path + " HTTP/1.1\r\nHost: " + addr + "\r\nContent-Type: text/plain\r\nContent-Length: " +
+		strconv.Itoa(n) + "\r\n\r\n" + first
 }
 
 // TestStreamHTTP_SlowBodyAnswered: a body slower than WriteTimeout but
@@ -55,29 +74,15 @@ func TestStreamHTTP_SlowBodyAnswered(t *testing.T) {
 	const p = "/v1/stream/slow"
 	s.do(t, "PUT", p, hdr("Content-Type", "text/plain"), "a").want(t, 201)
 
-	conn, br := rawPost(t, s.base, p, 2, "b")
+	addr := strings.TrimPrefix(s.base, "http://")
+	conn, br := rawConn(t, addr, slowPost(addr, p, 2, "b"))
 	<-time.After(500 * time.Millisecond) // the client is slow: that is what is tested
 	if _, err := conn.Write([]byte("c")); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := http.ReadResponse(br, nil)
-	if err != nil {
-		t.Fatalf("no answer to a body that came within its bound: %v", err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		t.Fatalf("slow body: %s, want 204", resp.Status)
-	}
-
-	_, br = rawPost(t, s.base, p, 100, "xyz") // and then nothing
-	resp, err = http.ReadResponse(br, nil)
-	if err != nil {
-		t.Fatalf("no 408 for a stalled body: %v", err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusRequestTimeout {
-		t.Fatalf("stalled body: %s, want 408", resp.Status)
-	}
+	rawAnswer(t, br, "a body within its bound", http.StatusNoContent)
+	_, br = rawConn(t, addr, slowPost(addr, p, 100, "xyz")) // and then nothing
+	rawAnswer(t, br, "a stalled body", http.StatusRequestTimeout)
 	s.do(t, "GET", p, nil, "").want(t, 200).wantBody(t, "abc")
 }
 
@@ -216,24 +221,7 @@ func TestStreamHTTP_RefusedSlowBodyAnswered(t *testing.T) {
 		{"POST /v1/stream/x HTTP/1.1\r\nHost: " + host + "\r\nOrigin: http://evil.example\r\nContent-Length: 1000\r\n\r\nx", http.StatusForbidden},
 		{"POST /v1/stream/x HTTP/1.1\r\nHost: " + host + "\r\nOrigin: http://evil.example\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\n", http.StatusForbidden},
 	} {
-		conn, err := net.Dial("tcp", host)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := conn.Write([]byte(tc.head)); err != nil {
-			t.Fatal(err)
-		}
-		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-		if err != nil {
-			t.Fatalf("%q: no answer: %v", strings.SplitN(tc.head, "\r\n", 2)[0], err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != tc.want {
-			t.Errorf("%q: %s, want %d", strings.SplitN(tc.head, "\r\n", 2)[0], resp.Status, tc.want)
-		}
+		_, br := rawConn(t, host, tc.head)
+		rawAnswer(t, br, strings.SplitN(tc.head, "\r\n", 2)[0], tc.want)
 	}
 }

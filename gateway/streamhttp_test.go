@@ -6,7 +6,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -289,39 +288,6 @@ func TestStreamHTTP_ErrorTexts(t *testing.T) {
 	if r := s.do(t, "PUT", "/v1/stream/src", text, "").want(t, 409); !strings.Contains(r.body, "use another name") || strings.Contains(r.body, "PUT the same headers") {
 		t.Fatalf("PUT on a deleted stream its fork still reads: %q", r.body)
 	}
-}
-
-// TestStreamHTTP_SlowBody: a body that does not arrive within
-// StreamBodyTimeout gets 408 and appends nothing; the connection is not
-// held for the rest of it.
-func TestStreamHTTP_SlowBody(t *testing.T) {
-	t.Parallel()
-	s := newStreamServer(t, gateway.Config{StreamBodyTimeout: 200 * time.Millisecond})
-	const p = "/v1/stream/slow"
-	s.do(t, "PUT", p, hdr("Content-Type", "text/plain"), "a").want(t, 201)
-	conn, err := net.Dial("tcp", strings.TrimPrefix(s.base, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	// 3 of the 100 bytes promised, then nothing.
-	req := "POST " + p + " HTTP/1.1\r\nHost: " + strings.TrimPrefix(s.base, "http://") +
-		"\r\nContent-Type: text/plain\r\nContent-Length: 100\r\n\r\nabc"
-	if _, err := conn.Write([]byte(req)); err != nil {
-		t.Fatal(err)
-	}
-	if err := conn.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("no answer to a stalled body: %v", err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusRequestTimeout {
-		t.Fatalf("stalled body: %s, want 408", resp.Status)
-	}
-	s.do(t, "GET", p, nil, "").want(t, 200).wantBody(t, "a")
 }
 
 func TestStreamHTTP_ETag(t *testing.T) {
