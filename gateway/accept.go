@@ -175,10 +175,15 @@ func (s *Server) sayReconnect(conn *websocket.Conn, nc *corkConn, reason string,
 		return
 	}
 	s.metrics.framesOut[idxReconnect].Inc()
-	// The close handshake waits for the client's close frame, which a
-	// client reading its reconnect frame sends at once: a second, not
-	// the library's 5 s.
-	t := time.AfterFunc(refusalCloseWait, func() { _ = nc.Close() })
+	// A client reading its reconnect frame answers the close at once.
+	closeWithin(conn, nc, code, text, refusalCloseWait)
+}
+
+// closeWithin closes conn with code and text, waiting at most d for the
+// peer's close frame (not coder/websocket's 5 s): then it closes the
+// socket under it, nc.
+func closeWithin(conn *websocket.Conn, nc net.Conn, code websocket.StatusCode, text string, d time.Duration) {
+	t := time.AfterFunc(d, func() { _ = nc.Close() })
 	defer t.Stop()
 	_ = conn.Close(code, text)
 }

@@ -250,11 +250,8 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s.metrics.rejected[rejectShutdown].Inc()
-		// Shutdown does not wait for this handler: bound the close
-		// handshake well under the library's 5 s.
-		t := time.AfterFunc(time.Second, func() { _ = netConn.Close() })
-		_ = conn.Close(websocket.StatusGoingAway, closeReasons[reasonShutdown].text)
-		t.Stop()
+		// Shutdown does not wait for this handler: bound its close.
+		closeWithin(conn, netConn, websocket.StatusGoingAway, closeReasons[reasonShutdown].text, refusalCloseWait)
 		return
 	}
 	s.metrics.accepted.Inc()
