@@ -382,13 +382,21 @@ func content2(t *testing.T, db *storage.DB, name, after string) string {
 	return b.String()
 }
 
-func TestDB_ProducerExpiry(t *testing.T) {
+// producerTTLLog opens a log whose producers expire after an hour idle,
+// with stream "s" holding seqs 0-2 of producer "p", each record data.
+func producerTTLLog(t *testing.T, data string) (*clock, *storage.DB) {
+	t.Helper()
 	clk := newClock()
 	db := openDB(t, &storage.Options{Now: clk.Now, NoSync: true, ProducerTTL: time.Hour})
 	mustCreate(t, db, "s", storage.CreateOptions{})
 	for i := range 3 {
-		mustAppend(t, db, "s", storage.AppendRequest{Records: rec("x"), Producer: &storage.Producer{ID: "p", Seq: int64(i)}})
+		mustAppend(t, db, "s", storage.AppendRequest{Records: rec(data), Producer: &storage.Producer{ID: "p", Seq: int64(i)}})
 	}
+	return clk, db
+}
+
+func TestDB_ProducerExpiry(t *testing.T) {
+	clk, db := producerTTLLog(t, "x")
 	clk.Advance(59 * time.Minute)
 	mustAppend(t, db, "s", storage.AppendRequest{Records: rec("x"), Producer: &storage.Producer{ID: "q", Seq: 0}})
 	clk.Advance(2 * time.Minute)
@@ -412,12 +420,7 @@ func TestDB_ProducerExpiry(t *testing.T) {
 // forgotten by the append that finds it, before any maintenance pass has
 // removed it: its seq 0 is a new record, not a duplicate of the old one.
 func TestDB_ProducerExpiryOnAppend(t *testing.T) {
-	clk := newClock()
-	db := openDB(t, &storage.Options{Now: clk.Now, NoSync: true, ProducerTTL: time.Hour})
-	mustCreate(t, db, "s", storage.CreateOptions{})
-	for i := range 3 {
-		mustAppend(t, db, "s", storage.AppendRequest{Records: rec("old"), Producer: &storage.Producer{ID: "p", Seq: int64(i)}})
-	}
+	clk, db := producerTTLLog(t, "old")
 	clk.Advance(2 * time.Hour)
 	r := mustAppend(t, db, "s", storage.AppendRequest{Records: rec("new"), Producer: &storage.Producer{ID: "p", Seq: 0}})
 	if r.Duplicate {
