@@ -36,14 +36,22 @@ func main() {
 // signalContext returns a context cancelled by the first SIGINT or
 // SIGTERM, on which the node drains. From then on the two signals have
 // their default action again, so a second one ends the process at once,
-// as an operator who does not want to wait out the drain expects.
+// as an operator who does not want to wait out the drain expects. The
+// default is restored before the context is cancelled: a second signal
+// sent once the drain has begun is never swallowed.
 func signalContext() (context.Context, context.CancelFunc) {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
 	go func() {
-		<-ctx.Done()
-		stop()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
+		signal.Stop(ch) // no channel left: the default action is back
+		cancel()
 	}()
-	return ctx, stop
+	return ctx, cancel
 }
 
 // errUsage means the usage text was already printed.
