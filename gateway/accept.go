@@ -131,11 +131,16 @@ func (s *Server) checkOrigin(w http.ResponseWriter, r *http.Request) bool {
 	return false
 }
 
-// refusePlain answers 503 with Retry-After (whole seconds, rounded up).
+// retryAfter is a Retry-After value for d: whole seconds, rounded up, at
+// least 1.
+func retryAfter(d time.Duration) string {
+	return strconv.FormatInt(max(1, int64((d+time.Second-1)/time.Second)), 10)
+}
+
+// refusePlain answers 503 with Retry-After.
 func (s *Server) refusePlain(w http.ResponseWriter, reason string, after time.Duration) {
 	s.metrics.rejected[reason].Inc()
-	secs := max(1, int64((after+time.Second-1)/time.Second))
-	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	w.Header().Set("Retry-After", retryAfter(after))
 	msg := "server is shutting down"
 	switch reason {
 	case rejectRate:

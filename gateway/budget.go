@@ -55,7 +55,7 @@ type acceptBudget struct {
 	lim *rate.Limiter // nil: no rate limit
 	max int64         // < 0: no cap
 
-	active atomic.Int64 // sessions admitted and not yet released
+	active atomic.Int64 // sessions admitted and live reads held, not yet released
 
 	mu      sync.Mutex
 	rnd     *rand.Rand // guarded by mu
@@ -127,7 +127,19 @@ func (a *acceptBudget) full(now time.Time) (reason string, after time.Duration, 
 	return rejectRate, time.Duration(min(secs*float64(time.Second), float64(maxRefusalDelay))), true
 }
 
-// release gives back a session admitted by admit.
+// hold takes a place under the session cap, without the rate: for a
+// live stream read, which holds a connection open as a session does but
+// is not a new client arriving (a long-poll comes back every few
+// seconds). The caller must call release when it ends.
+func (a *acceptBudget) hold() bool {
+	if n := a.active.Add(1); a.max >= 0 && n > a.max {
+		a.active.Add(-1)
+		return false
+	}
+	return true
+}
+
+// release gives back a place taken by admit or hold.
 func (a *acceptBudget) release() { a.active.Add(-1) }
 
 // rateDelay hands a rate refusal at now the next free slot.

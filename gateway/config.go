@@ -244,9 +244,10 @@ type Config struct {
 	AcceptRate  float64
 	AcceptBurst int
 
-	// MaxSessions caps the node's connected sessions; over it new clients
-	// are refused as "node full", told to come back in 1-10 s. Zero means
-	// 100000; negative means no cap.
+	// MaxSessions caps the node's connected sessions, live stream reads
+	// counted as sessions; over it new clients are refused as "node
+	// full", told to come back in 1-10 s (a live read: 503 with
+	// Retry-After). Zero means 100000; negative means no cap.
 	MaxSessions int
 
 	// AdminToken enables the admin API (/v1/admin/drain, /v1/admin/build)

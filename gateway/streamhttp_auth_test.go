@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/syncgate/syncgate/auth"
+	"github.com/syncgate/syncgate/frames"
 	"github.com/syncgate/syncgate/gateway"
 	"github.com/syncgate/syncgate/internal/gwtest"
 )
@@ -235,6 +237,41 @@ func TestStreamHTTP_WriteRateBySub(t *testing.T) {
 	for _, body := range []string{"1", "2", "3"} {
 		anon.do(t, "POST", "/v1/stream/a", with(text), body).want(t, 204)
 	}
+}
+
+// TestStreamHTTP_LiveReadsShareTheNodeCap: a live read takes a place
+// under the node's session cap: with the one place held by a session, a
+// long-poll gets 503 with a Retry-After of the node-full range (1-10 s)
+// and a catch-up read still passes; once the session ends the long-poll
+// is served, and its place is given back when it ends.
+func TestStreamHTTP_LiveReadsShareTheNodeCap(t *testing.T) {
+	t.Parallel()
+	s := newStreamServer(t, gateway.Config{MaxSessions: 1, LongPollTimeout: 100 * time.Millisecond})
+	const p = "/v1/stream/live"
+	s.do(t, "PUT", p, hdr("Content-Type", "text/plain"), "a").want(t, 201)
+
+	ws := gwtest.Dial(t, gwtest.WSURL(s.base), nil)
+	if h, ack := helloWith(ws, ""); h == nil {
+		t.Fatalf("hello refused: %+v", ack)
+	}
+	r := s.do(t, "GET", p+"?offset=now&live=long-poll", nil, "").want(t, 503)
+	if secs, err := strconv.Atoi(r.header.Get("Retry-After")); err != nil || secs < 1 || secs > 10 {
+		t.Errorf("Retry-After = %q, want 1-10 s", r.header.Get("Retry-After"))
+	}
+	s.do(t, "GET", p+"?offset=-1", nil, "").want(t, 200).wantBody(t, "a")
+	ws.Close()
+	gwtest.Eventually(t, gwtest.Timeout, "the session's place freed for a long-poll", func() bool {
+		r, err := s.try("GET", p+"?offset=now&live=long-poll", nil, "")
+		return err == nil && r.status == 204
+	})
+	gwtest.Eventually(t, gwtest.Timeout, "the long-poll's place freed for a session", func() bool {
+		ws := gwtest.Dial(t, gwtest.WSURL(s.base), nil)
+		defer ws.Close()
+		ws.Send(&frames.Hello{Resume: []frames.Cursor{}})
+		f, err := ws.NextErr(gwtest.Timeout)
+		_, ok := f.(*frames.Hello)
+		return err == nil && ok
+	})
 }
 
 // TestStreamHTTP_LiveReadsShareTheActorCap: a live read counts against

@@ -174,9 +174,9 @@ func (s *Server) serveRead(w http.ResponseWriter, r *http.Request, name string, 
 		}
 	}
 	if q.live != liveNone {
-		release, rerr := s.holdLiveRead(r, id)
+		release, after, rerr := s.holdLiveRead(r, id)
 		if rerr != nil {
-			w.Header().Set("Retry-After", "1")
+			w.Header().Set("Retry-After", retryAfter(after))
 			s.fail(w, r, rerr)
 			return
 		}
@@ -195,20 +195,32 @@ func (s *Server) serveRead(w http.ResponseWriter, r *http.Request, name string, 
 // holdLiveRead counts a live read against the caps of WebSocket sessions
 // it is like (a connection held open to be written to): per client
 // address (MaxSessionsPerIP) and per actor (MaxSessionsPerActor, with a
-// token). Over either it is refused with 429. release ends the count.
-func (s *Server) holdLiveRead(r *http.Request, id *auth.Identity) (release func(), err *requestError) {
+// token), 429 over either, and the node's (MaxSessions), 503 over it.
+// release ends the count; after is the Retry-After of a refusal.
+func (s *Server) holdLiveRead(r *http.Request, id *auth.Identity) (release func(), after time.Duration, err *requestError) {
 	ip := clientIP(r.RemoteAddr)
 	if !s.perIP.acquire(ip) {
-		return nil, s.tooManyLive(fmt.Sprintf("this address already has %d sessions and live reads open, the limit", s.perIP.max))
+		return nil, time.Second, s.tooManyLive(fmt.Sprintf("this address already has %d sessions and live reads open, the limit", s.perIP.max))
 	}
-	if id == nil {
-		return func() { s.perIP.release(ip) }, nil
-	}
-	if !s.perActor.acquire(id.ActorID) {
+	if id != nil && !s.perActor.acquire(id.ActorID) {
 		s.perIP.release(ip)
-		return nil, s.tooManyLive(fmt.Sprintf("this token's sub already has %d sessions and live reads open, the limit", s.perActor.max))
+		return nil, time.Second, s.tooManyLive(fmt.Sprintf("this token's sub already has %d sessions and live reads open, the limit", s.perActor.max))
 	}
-	return func() { s.perActor.release(id.ActorID); s.perIP.release(ip) }, nil
+	if !s.budget.hold() {
+		s.releaseLiveRead(ip, id)
+		return nil, s.budget.jitter(fullDelayMin, fullDelayMax), &requestError{http.StatusServiceUnavailable,
+			fmt.Sprintf("node full: %d sessions and live reads open, its limit; retry after the Retry-After delay, or read without live (catch-up reads are not counted)", s.budget.max)}
+	}
+	return func() { s.budget.release(); s.releaseLiveRead(ip, id) }, 0, nil
+}
+
+// releaseLiveRead gives back the per-address and per-actor places of a
+// live read.
+func (s *Server) releaseLiveRead(ip string, id *auth.Identity) {
+	if id != nil {
+		s.perActor.release(id.ActorID)
+	}
+	s.perIP.release(ip)
 }
 
 func (s *Server) tooManyLive(why string) *requestError {

@@ -422,7 +422,7 @@ var settings = []setting{
 			}
 			return intSetting(func(c *config) *int { return &c.Gateway.AcceptBurst })(c, v)
 		}},
-	{"max-sessions", "SYNCGATE_MAX_SESSIONS", "100000", "connected sessions the node holds at most; over it clients are told when to come back (off: no cap)",
+	{"max-sessions", "SYNCGATE_MAX_SESSIONS", "100000", "connected sessions and live stream reads the node holds at most; over it clients are told when to come back (off: no cap)",
 		func(c *config, v string) error {
 			if v == "off" {
 				c.Gateway.MaxSessions = -1
