@@ -6,3 +6,11 @@ import "time"
 // with the time the token bucket was given. Call it before s serves
 // anything.
 func SetAdmitHookForTest(s *Server, f func(now time.Time, ok bool)) { s.budget.hookForTest = f }
+
+// MaxRefusing is how many refusals may be under way at once.
+const MaxRefusing = maxRefusing
+
+// AddRefusingForTest counts n more refusals as under way on s (negative n
+// ends them), as if that many refused clients were in their close
+// handshakes.
+func AddRefusingForTest(s *Server, n int32) { s.refusing.Add(n) }

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -223,6 +224,31 @@ func TestOverload_PlainRequestGets503(t *testing.T) {
 	m := scrape(t, srv.ts.URL)
 	if !strings.Contains(m, `syncgate_sessions_rejected_total{reason="max_sessions"} 1`) {
 		t.Errorf("metrics: want one max_sessions refusal:\n%s", grepLines(m, "rejected"))
+	}
+}
+
+// TestOverload_RefusalCap: while MaxRefusing refusals are under way, a
+// WebSocket client over the budget is not upgraded only to be told to
+// reconnect: it gets a plain 503 with Retry-After. Once they end, a
+// refused client is upgraded and told again.
+func TestOverload_RefusalCap(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{MaxSessions: 1, AcceptRate: -1})
+	first := gwtest.Dial(t, srv.url, nil)
+	first.Hello("", 0)
+	gateway.AddRefusingForTest(srv.gw, gateway.MaxRefusing)
+	_, resp, err := websocket.Dial(t.Context(), srv.url, nil)
+	if err == nil || resp == nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("refusal over the cap: %v, response %v; want a plain 503", err, resp)
+	}
+	if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || secs < 1 || secs > 10 {
+		t.Errorf("Retry-After = %q, want the node-full range 1-10 s", resp.Header.Get("Retry-After"))
+	}
+	gateway.AddRefusingForTest(srv.gw, -gateway.MaxRefusing)
+	f, c := firstFrame(t, srv.url)
+	defer c.CloseNow()
+	if r, ok := f.(*frames.Reconnect); !ok || r.Reason != frames.ReasonOverload {
+		t.Fatalf("under the cap: %+v, want a reconnect frame", f)
 	}
 }
 
