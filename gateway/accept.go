@@ -181,7 +181,7 @@ func (s *Server) sayReconnect(conn *websocket.Conn, nc *corkConn, reason string,
 	}
 	s.metrics.framesOut[idxReconnect].Inc()
 	// A client reading its reconnect frame answers the close at once.
-	closeWithin(conn, nc, code, text, refusalCloseWait)
+	closeWithin(conn, nc, code, text, s.refusalWait)
 }
 
 // closeWithin closes conn with code and text, waiting at most d for the

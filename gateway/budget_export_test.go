@@ -14,3 +14,7 @@ const MaxRefusing = maxRefusing
 // ends them), as if that many refused clients were in their close
 // handshakes.
 func AddRefusingForTest(s *Server, n int32) { s.refusing.Add(n) }
+
+// SetRefusalWaitForTest sets how long s's refusals wait for a client's
+// close frame (a second otherwise). Call it before s serves anything.
+func SetRefusalWaitForTest(s *Server, d time.Duration) { s.refusalWait = d }

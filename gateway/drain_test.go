@@ -313,17 +313,27 @@ func TestDrain_CutsSessionsAlreadyClosing(t *testing.T) {
 // Shutdown's ctx ends, as sessions are.
 func TestDrain_ShutdownCutsRefusals(t *testing.T) {
 	t.Parallel()
-	srv := silentRefusal(t)
+	// The refusal would wait a minute for the close: only Shutdown's
+	// cut ends it within shutdownCuts' bound.
+	srv := silentRefusal(t, time.Minute)
 	shutdownCuts(t, srv)
 }
 
-// silentRefusal starts a node, drains it (it has no sessions, so it
+// silentRefusal starts a node whose refusals wait at most wait for a
+// client's close (0: the default), drains it (it has no sessions, so it
 // stays draining) and has one client turned away by it that reads
 // nothing: its refusal has written the reconnect frame and waits for a
 // close this client never sends.
-func silentRefusal(t *testing.T) *testServer {
+func silentRefusal(t *testing.T, wait time.Duration) *testServer {
 	t.Helper()
-	srv := newTestServer(t, gateway.Config{})
+	gw, err := gateway.New(gateway.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wait > 0 {
+		gateway.SetRefusalWaitForTest(gw, wait)
+	}
+	srv := newTestServerFor(t, gw)
 	if err := srv.gw.Drain(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -343,7 +353,7 @@ func silentRefusal(t *testing.T) *testServer {
 // would wait 5 s), so a Shutdown with a 4 s ctx finds it gone.
 func TestDrain_RefusalWaitsASecondForClose(t *testing.T) {
 	t.Parallel()
-	srv := silentRefusal(t)
+	srv := silentRefusal(t, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
 	defer cancel()
 	if err := srv.gw.Shutdown(ctx); err != nil {

@@ -74,13 +74,14 @@ type Server struct {
 	tailMu  sync.Mutex
 	tailers map[string]*tailer // guarded by tailMu: persisted topics with local subscribers
 
-	mu       sync.Mutex
-	sessions map[*session]struct{}  // guarded by mu
-	refusals map[*corkConn]struct{} // guarded by mu: refused connections saying reconnect (sayReconnect)
-	cutting  bool                   // guarded by mu: Shutdown's ctx ended; refusals are cut
-	refusing atomic.Int32           // refusals under way (accept.go, maxRefusing)
-	drain    *drainRun              // guarded by mu: nil until Drain starts
-	wg       sync.WaitGroup         // session handlers, refusals, the sweeper, the drain
+	mu          sync.Mutex
+	sessions    map[*session]struct{}  // guarded by mu
+	refusals    map[*corkConn]struct{} // guarded by mu: refused connections saying reconnect (sayReconnect)
+	cutting     bool                   // guarded by mu: Shutdown's ctx ended; refusals are cut
+	refusing    atomic.Int32           // refusals under way (accept.go, maxRefusing)
+	refusalWait time.Duration          // how long a refusal waits for the client's close; refusalCloseWait but in tests
+	drain       *drainRun              // guarded by mu: nil until Drain starts
+	wg          sync.WaitGroup         // session handlers, refusals, the sweeper, the drain
 }
 
 // New returns a Server for cfg (see [Config] for defaults).
@@ -94,22 +95,23 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("gateway: AllowedOrigins: %w", err)
 	}
 	s := &Server{
-		origins:   origins,
-		persist:   persistPatterns(cfg.Persist),
-		perIP:     newCounter(cfg.MaxSessionsPerIP),
-		perActor:  newCounter(cfg.MaxSessionsPerActor),
-		cfg:       cfg,
-		log:       cfg.Logger,
-		transport: cfg.Transport,
-		seq:       &sequencer{seed: maphash.MakeSeed(), hi: uint64(cfg.Now().UnixMilli())},
-		producers: &producers{window: cfg.ProducerWindow, idle: cfg.ProducerIdle, max: cfg.MaxProducers, m: map[string]*producer{}},
-		sessions:  map[*session]struct{}{},
-		refusals:  map[*corkConn]struct{}{},
-		tailers:   map[string]*tailer{},
-		stopSweep: make(chan struct{}),
-		drainReq:  make(chan struct{}),
-		rnd:       cfg.Rand,
-		buildID:   cfg.BuildID,
+		origins:     origins,
+		persist:     persistPatterns(cfg.Persist),
+		perIP:       newCounter(cfg.MaxSessionsPerIP),
+		perActor:    newCounter(cfg.MaxSessionsPerActor),
+		cfg:         cfg,
+		log:         cfg.Logger,
+		transport:   cfg.Transport,
+		seq:         &sequencer{seed: maphash.MakeSeed(), hi: uint64(cfg.Now().UnixMilli())},
+		producers:   &producers{window: cfg.ProducerWindow, idle: cfg.ProducerIdle, max: cfg.MaxProducers, m: map[string]*producer{}},
+		sessions:    map[*session]struct{}{},
+		refusals:    map[*corkConn]struct{}{},
+		tailers:     map[string]*tailer{},
+		stopSweep:   make(chan struct{}),
+		drainReq:    make(chan struct{}),
+		rnd:         cfg.Rand,
+		buildID:     cfg.BuildID,
+		refusalWait: refusalCloseWait,
 	}
 	if cfg.Verifier != nil {
 		s.httpWriters = newWriterLimits(cfg.FrameRate, cfg.FrameBurst)
@@ -251,7 +253,7 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 		}
 		s.metrics.rejected[rejectShutdown].Inc()
 		// Shutdown does not wait for this handler: bound its close.
-		closeWithin(conn, netConn, websocket.StatusGoingAway, closeReasons[reasonShutdown].text, refusalCloseWait)
+		closeWithin(conn, netConn, websocket.StatusGoingAway, closeReasons[reasonShutdown].text, s.refusalWait)
 		return
 	}
 	s.metrics.accepted.Inc()
