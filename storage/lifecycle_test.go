@@ -767,3 +767,40 @@ func TestDB_ProducerCacheBounded(t *testing.T) {
 		t.Fatalf("retry of p0 after its state left the cache: %+v, %v; want a duplicate at %s", res, err, first.Offset)
 	}
 }
+
+// TestDB_ForkDepth_Restart: the fork depth bound is computed from the
+// file, so it holds after a restart, when no meta of the chain is cached.
+func TestDB_ForkDepth_Restart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "log.db")
+	db, err := storage.Open(path, &storage.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const limit = storage.MaxForkDepth
+	mustCreate(t, db, "l0", storage.CreateOptions{Records: rec("0;")})
+	var want bytes.Buffer
+	want.WriteString("0;")
+	for n := 1; n <= limit; n++ {
+		mustCreate(t, db, fmt.Sprint("l", n), storage.CreateOptions{ForkFrom: fmt.Sprint("l", n-1), Records: rec(fmt.Sprint(n, ";"))})
+		fmt.Fprint(&want, n, ";")
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	db, err = storage.Open(path, &storage.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	tip := fmt.Sprint("l", limit)
+	_, _, err = db.Create(t.Context(), "over", storage.CreateOptions{ForkFrom: tip})
+	de, ok := errors.AsType[*storage.ForkDepthError](err)
+	if !ok || de.Source != tip || de.Max != limit || !errors.Is(err, storage.ErrBadRequest) {
+		t.Fatalf("fork of the tip after restart: err = %#v", err)
+	}
+	if got := content(t, db, tip); got != want.String() {
+		t.Fatalf("tip after restart = %q, want %q", got, want.String())
+	}
+	mustCreate(t, db, "alt", storage.CreateOptions{ForkFrom: fmt.Sprint("l", limit-1)})
+}

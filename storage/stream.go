@@ -12,10 +12,12 @@ import (
 //
 // Errors: [ErrBadRequest] for a bad name, both TTL and ExpiresAt, a
 // malformed fork offset, a fork offset beyond the source's tail or a bad
-// sub-offset; [ErrConflict] for another configuration, a soft-deleted
-// stream at name, a soft-deleted fork source or a fork content type that
-// differs from the source's; [ErrNotFound] for a missing or expired fork
-// source; [ErrTooLarge] for initial records over MaxAppendBytes.
+// sub-offset, and as a [*ForkDepthError] for a fork source already
+// [MaxForkDepth] forks deep; [ErrConflict] for another configuration, a
+// soft-deleted stream at name, a soft-deleted fork source or a fork
+// content type that differs from the source's; [ErrNotFound] for a
+// missing or expired fork source; [ErrTooLarge] for initial records over
+// MaxAppendBytes.
 func (db *DB) Create(ctx context.Context, name string, o CreateOptions) (info Info, created bool, err error) {
 	if err := db.begin(ctx, name); err != nil {
 		return Info{}, false, err

@@ -730,6 +730,15 @@ func (b *batch1) applyCreate(r *request) error {
 			r.err = fmt.Errorf("%w: fork content type %q is not the source's %q", ErrConflict, o.ContentType, sm.ContentType)
 			return nil
 		}
+		var depth int
+		if depth, err = b.forkDepth(sm, MaxForkDepth); err != nil {
+			r.err = err
+			return nil
+		}
+		if depth >= MaxForkDepth {
+			r.err = &ForkDepthError{Source: o.ForkFrom, Max: MaxForkDepth}
+			return nil
+		}
 		at := sm.Tail
 		if o.ForkOffset == "" {
 			m.ForkDefault = true
@@ -783,6 +792,28 @@ func (b *batch1) applyCreate(r *request) error {
 	b.notify = append(b.notify, id)
 	r.created.info, r.created.created = nws.m.info(), true
 	return nil
+}
+
+// forkDepth returns the fork depth of sm (0 when it is not a fork), counting
+// no further than limit: it loads at most limit-1 metas up sm's chain, so a
+// fork costs the same whatever the depth of chains written before
+// [MaxForkDepth] bounded them.
+func (b *batch1) forkDepth(sm *meta, limit int) (int, error) {
+	d, cur := 0, sm
+	for cur.SrcID != 0 {
+		if d++; d >= limit {
+			break
+		}
+		src, err := b.byID(cur.SrcID)
+		if err != nil {
+			return 0, err
+		}
+		if src == nil {
+			return 0, fmt.Errorf("%w: fork source %d of %q is missing", errInternal, cur.SrcID, sm.Name)
+		}
+		cur = &src.m
+	}
+	return d, nil
 }
 
 // subPrefix returns the fork prefix of sub records (JSON) or bytes of the

@@ -1,6 +1,7 @@
 package storagetest
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -178,6 +179,72 @@ var forkTests = []test{
 		if err != nil || len(res.Records) != 1 || res.Next != off(1) {
 			t.Fatalf("paged across levels: %+v %v", res, err)
 		}
+	}},
+	{"DepthBound", func(t *testing.T, h *h) {
+		// l0 is no fork; each lN forks l(N-1) at its tail and adds "N;",
+		// up to a chain exactly MaxForkDepth forks deep. Each source then
+		// gets an "x" its forks must not see.
+		const limit = storage.MaxForkDepth
+		level := func(n int) string { return fmt.Sprint("l", n) }
+		h.create(level(0), storage.CreateOptions{Records: recs("0;")})
+		want := []string{"0;"}
+		for n := 1; n <= limit; n++ {
+			h.create(level(n), storage.CreateOptions{ForkFrom: level(n - 1), Records: recs(fmt.Sprint(n, ";"))})
+			h.append(level(n-1), "x")
+			want = append(want, fmt.Sprint(n, ";"))
+		}
+		tip := level(limit)
+		eq(t, "tip", h.content(tip), strings.Join(want, ""))
+		eq(t, "tip's tail", h.head(tip).Tail, off(limit+1))
+		// Page by page, one record each: every level's record, in order,
+		// at its offset.
+		after := storage.ZeroOffset
+		for i, w := range want {
+			res, err := h.l.Read(h.ctx, tip, after, 1)
+			if err != nil || len(res.Records) != 1 {
+				t.Fatalf("page %d: %+v %v", i, res, err)
+			}
+			eq(t, fmt.Sprint("record ", i), string(res.Records[0].Data), w)
+			eq(t, fmt.Sprint("offset ", i), res.Records[0].Offset, off(uint64(i+1)))
+			eq(t, fmt.Sprint("up to date ", i), res.UpToDate, i == len(want)-1)
+			after = res.Next
+		}
+
+		over := func(what string, o storage.CreateOptions) {
+			t.Helper()
+			_, _, err := h.l.Create(h.ctx, "over", o)
+			isErr(t, what, err, storage.ErrBadRequest)
+			de, ok := errors.AsType[*storage.ForkDepthError](err)
+			if !ok || de.Source != o.ForkFrom || de.Max != limit {
+				t.Fatalf("%s: err = %#v, want a *ForkDepthError naming %q and %d", what, err, o.ForkFrom, limit)
+			}
+			_, err = h.l.Head(h.ctx, "over")
+			isErr(t, what+": nothing created", err, storage.ErrNotFound)
+		}
+		over("fork of the tip", storage.CreateOptions{ForkFrom: tip})
+		over("fork of the tip at 0", storage.CreateOptions{ForkFrom: tip, ForkOffset: storage.ZeroOffset})
+		over("fork of the tip with a sub-offset", storage.CreateOptions{ForkFrom: tip, ForkOffset: off(limit), ForkSubOffset: 1})
+		if _, created, err := h.l.Create(h.ctx, tip, storage.CreateOptions{ForkFrom: level(limit - 1), Records: recs(fmt.Sprint(limit, ";"))}); err != nil || created {
+			t.Fatalf("re-Create of the tip: created=%v err=%v", created, err)
+		}
+		// An earlier ancestor can still be forked.
+		h.create("alt", storage.CreateOptions{ForkFrom: level(limit - 1), ForkOffset: off(limit), Records: recs("alt")})
+		eq(t, "alt", h.content("alt"), strings.Join(want[:limit], "")+"alt")
+		// Soft-deleted levels are still read, so still counted.
+		for n := 1; n < limit; n++ {
+			if err := h.l.Delete(h.ctx, level(n)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		over("fork of the tip over soft-deleted levels", storage.CreateOptions{ForkFrom: tip})
+		eq(t, "tip over soft-deleted levels", h.content(tip), strings.Join(want, ""))
+		// The refused forks took no reference on the tip: it is removed,
+		// not soft-deleted.
+		if err := h.l.Delete(h.ctx, tip); err != nil {
+			t.Fatal(err)
+		}
+		_, err := h.l.Head(h.ctx, tip)
+		isErr(t, "tip deleted", err, storage.ErrNotFound)
 	}},
 	{"CloseIndependent", func(t *testing.T, h *h) {
 		h.create("s", storage.CreateOptions{Records: recs("a")})
