@@ -635,6 +635,33 @@ func TestStreamHTTP_Fork(t *testing.T) {
 	s.do(t, "GET", "/v1/stream/fork", nil, "").want(t, 200).wantBody(t, "hello world!")
 }
 
+// TestStreamHTTP_ForkDepth: a fork of a source already
+// storage.MaxForkDepth forks deep is refused 400, with a message that
+// names the bound and what to do instead, and creates nothing.
+func TestStreamHTTP_ForkDepth(t *testing.T) {
+	t.Parallel()
+	s := newStreamServer(t, gateway.Config{})
+	const limit = storage.MaxForkDepth
+	level := func(n int) string { return "/v1/stream/l" + strconv.Itoa(n) }
+	s.do(t, "PUT", level(0), hdr("Content-Type", "text/plain"), "0;").want(t, 201)
+	want := "0;"
+	for n := 1; n <= limit; n++ {
+		s.do(t, "PUT", level(n), hdr("Stream-Forked-From", level(n-1)), strconv.Itoa(n)+";").want(t, 201)
+		want += strconv.Itoa(n) + ";"
+	}
+	s.do(t, "GET", level(limit), nil, "").want(t, 200).wantBody(t, want)
+
+	r := s.do(t, "PUT", "/v1/stream/over", hdr("Stream-Forked-From", level(limit)), "").want(t, 400).
+		wantHeader(t, "Content-Type", "text/plain; charset=utf-8")
+	for _, part := range []string{"Stream-Forked-From", strconv.Itoa(limit) + " levels deep", "the stream it was forked from", "PUT its data as a new stream"} {
+		if !strings.Contains(r.body, part) {
+			t.Fatalf("over-deep fork: body %q does not say %q", r.body, part)
+		}
+	}
+	s.do(t, "HEAD", "/v1/stream/over", nil, "").want(t, 404)
+	s.do(t, "PUT", "/v1/stream/over", hdr("Stream-Forked-From", level(limit-1)), "").want(t, 201)
+}
+
 // TestStreamHTTP_ForkIntoPrunedRecords: a fork whose sub-offset needs
 // source records that retention removed is refused 410, naming retention
 // and where a fork can start, not as a deleted source.

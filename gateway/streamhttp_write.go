@@ -114,11 +114,17 @@ func (s *Server) serveCreate(w http.ResponseWriter, r *http.Request, name string
 
 // forkSourceError maps the errors of a fork's creation that concern its
 // source: a fork point in records retention removed is gone (410); a
-// soft-deleted source cannot be forked (409).
+// soft-deleted source cannot be forked (409); nor can a source already
+// storage.MaxForkDepth forks deep (400: the request names a source this
+// server never forks, whatever its state).
 func forkSourceError(err error) error {
 	if pe, ok := errors.AsType[*storage.PrunedError](err); ok {
 		return &requestError{http.StatusGone, "gone: the fork point is older than what the Stream-Forked-From source retains: fork at offset " +
 			pe.Pruned + " or later"}
+	}
+	if de, ok := errors.AsType[*storage.ForkDepthError](err); ok {
+		return badRequest("the Stream-Forked-From source is a fork %d levels deep, the most this server forks: "+
+			"fork the stream it was forked from instead (at an offset the two share), or read the source and PUT its data as a new stream", de.Max)
 	}
 	if errors.Is(err, storage.ErrGone) {
 		return &requestError{http.StatusConflict, "the Stream-Forked-From source was deleted: it can no longer be forked"}
