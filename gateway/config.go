@@ -194,6 +194,17 @@ type Config struct {
 	// hello.clientId) is kept after its last session ends. Zero means 24h.
 	ProducerIdle time.Duration
 
+	// MaxIdleProducerBytes bounds the memory held by the producer records
+	// no session is using, as estimated from what they keep: each
+	// remembered outcome's key, offset and error text, plus a fixed cost
+	// per record, ring slot and outcome. Over it, the records idle longest
+	// are forgotten first, before ProducerIdle (a retry of a forgotten
+	// outcome gets X_SEQ_FORGOTTEN, or runs again if its client starts
+	// over at that seq; the log still deduplicates persisted appends). A
+	// record in use is never forgotten, so connected clients keep their
+	// outcomes. Zero means 64 MiB; negative means no cap.
+	MaxIdleProducerBytes int64
+
 	// Now is the clock. Nil means time.Now.
 	Now func() time.Time
 
@@ -326,6 +337,7 @@ func (c Config) withDefaults() (Config, error) {
 	setDefault(&c.ProducerWindow, 256)
 	setDefault(&c.ProducerIdle, 24*time.Hour)
 	setDefault(&c.MaxProducers, 100000)
+	setDefault(&c.MaxIdleProducerBytes, 64<<20)
 	setDefault(&c.LongPollTimeout, 30*time.Second)
 	setDefault(&c.StreamBodyTimeout, 30*time.Second)
 	setDefault(&c.MaxAppendBytes, 8<<20)

@@ -75,6 +75,9 @@ type metrics struct {
 	presenceDiffs     prometheus.Counter // presence.go
 	presenceRejoins   prometheus.Counter
 	tokenRefreshes    prometheus.Counter
+
+	producersForgotten [numForgetReasons]prometheus.Counter // producer.go
+	producersIdleBytes prometheus.Gauge
 }
 
 // Resume outcomes label syncgate_resumes_total.
@@ -150,6 +153,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		presenceRejoins: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "syncgate_presence_rejoins_total", Help: "Presence members joined again by the refresh loop because their live session's hold had expired (a stall longer than the TTL).",
 		}),
+		producersIdleBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "syncgate_producers_idle_bytes", Help: "Estimated bytes held by the records of client-named producers no session is using (bounded by Config.MaxIdleProducerBytes).",
+		}),
 		drops:    map[string]prometheus.Counter{},
 		resumes:  map[string]prometheus.Counter{},
 		rejected: map[string]prometheus.Counter{},
@@ -189,10 +195,17 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	for r := range numCloseReasons {
 		m.closes[r] = closes.WithLabelValues(r.String())
 	}
+	forgotten := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "syncgate_producers_forgotten_total", Help: "Records of client-named producers no session was using that were forgotten, by reason (expired, table_full, idle_bytes).",
+	}, []string{"reason"})
+	for r, name := range forgetReasons {
+		m.producersForgotten[r] = forgotten.WithLabelValues(name)
+	}
 	reg.MustRegister(m.sessions, m.accepted, rejected, m.draining, framesIn, framesOut, m.badFrames, m.framesRateLimited, m.httpRateLimited,
 		m.errorsByCode, m.bytesIn, m.bytesOut, m.messagesOut, drops, closes, m.deliveryLatency, m.publishes, m.writeDelay, m.overloadTicks, m.writesBlocked, m.writerStalls,
 		m.tailers, m.replayed, resumes, m.tokenRefreshes)
 	reg.MustRegister(m.presenceDiffs, m.presenceRejoins)
+	reg.MustRegister(forgotten, m.producersIdleBytes)
 	return m
 }
 

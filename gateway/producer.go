@@ -4,7 +4,11 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
+	"unsafe"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/syncgate/syncgate/frames"
 )
@@ -19,6 +23,29 @@ type outcome struct {
 	lsn  string
 	err  *frames.Error
 	wait *pendingOutcome
+	size int64 // in a ring slot: what producer.bytes counts for it (recordLocked, countResultLocked)
+}
+
+// The estimate of what a producer record holds (producer.bytes), in
+// bytes of memory on a 64-bit platform. It is meant as a bound that the
+// strings a client chooses cannot escape, not an exact count: every
+// string a record keeps is counted at its length, and everything else at
+// a fixed cost.
+const (
+	producerBytes = 512                             // the record, its table entry, its keys map
+	slotBytes     = int64(unsafe.Sizeof(outcome{})) // a ring slot, filled or not
+	entryBytes    = 64                              // an outcome's keys-map entry
+	errorBytes    = 96                              // a frames.Error
+	pendingBytes  = 192                             // a pendingOutcome, its channel and goroutine's record
+)
+
+// resultBytes estimates what o's result (its offset or error) holds.
+func resultBytes(o outcome) int64 {
+	n := int64(len(o.lsn))
+	if e := o.err; e != nil {
+		n += errorBytes + int64(len(e.Code)+len(e.Cause)+len(e.Fix)+len(e.Docs)+len(e.Ref))
+	}
+	return n
 }
 
 // pendingOutcome is the result of a mutate still running.
@@ -50,7 +77,9 @@ func replyWhenDone(o outcome, reply func(outcome)) {
 // session without a clientId. It serialises its mutates and remembers the
 // outcomes of the last window seqs so a retry gets the same ack.
 type producer struct {
-	clientID string // "" for a session-scoped producer
+	// Set before the producer is shared.
+	clientID string     // "" for a session-scoped producer
+	tab      *producers // the table holding it; nil for a session-scoped producer
 	window   int
 
 	mu       sync.Mutex
@@ -60,17 +89,32 @@ type producer struct {
 	next     int64            // guarded by mu: the next expected seq
 	ring     []outcome        // guarded by mu: outcome of seq at seq % window, grown lazily
 	keys     map[string]int64 // guarded by mu: key → seq for outcomes in ring
-	sessions int              // guarded by producers.mu: live sessions using it
-	idleAt   time.Time        // guarded by producers.mu: when sessions fell to 0
+
+	// bytes estimates what the record holds (producerBytes, ring slots
+	// and outcomes). It changes under mu, as the ring does; the table
+	// reads it without mu. idle is set while no session uses a named
+	// producer: a size change (a pending outcome's result) is then passed
+	// on to the table (producers.recount).
+	bytes atomic.Int64
+	idle  atomic.Bool
+
+	// Guarded by producers.mu.
+	sessions     int       // live sessions using it
+	idleAt       time.Time // when sessions fell to 0
+	counted      int64     // bytes counted in producers.idleBytes while idle
+	older, newer *producer // neighbours in the table's idle list
 }
 
 func newProducer(epoch int64, window int) *producer {
-	return &producer{epoch: epoch, window: window}
+	p := &producer{epoch: epoch, window: window}
+	p.bytes.Store(producerBytes)
+	return p
 }
 
 // resetLocked starts a new epoch at seq 0.
 func (p *producer) resetLocked(epoch int64) {
 	p.epoch, p.next, p.ring, p.keys = epoch, 0, nil, nil
+	p.bytes.Store(producerBytes + int64(len(p.clientID)))
 }
 
 // run applies the producer rules to mutate f from a session on epoch, then
@@ -165,9 +209,43 @@ func (p *producer) startPendingLocked(f *frames.Mutate, later <-chan outcome, re
 		close(w.done)
 		p.mu.Lock()
 		p.inflight--
+		p.countResultLocked(w)
 		p.mu.Unlock()
+		if p.idle.Load() {
+			// Its sessions have ended: the table counts its size
+			// (the load pairs with release's store of idle, then load
+			// of bytes: one of them sees the other's change).
+			p.tab.recount(p)
+		}
 		reply(w.o)
 	}()
+}
+
+// countResultLocked adds the size of pending outcome w's result, which has
+// just arrived, to the slot that holds w: the slot of its seq, or if a
+// later seq has taken that, the slot of a later mutate that repeated its
+// key. A slot that no longer holds w (the ring was reset or has moved on)
+// counts nothing.
+func (p *producer) countResultLocked(w *pendingOutcome) {
+	slot := p.slotLocked(w.o.seq)
+	if slot == nil || slot.wait != w {
+		seq, ok := p.keys[w.o.key]
+		if slot = p.slotLocked(seq); !ok || slot == nil || slot.wait != w {
+			return
+		}
+	}
+	n := resultBytes(w.o)
+	slot.size += n
+	p.bytes.Add(n)
+}
+
+// slotLocked returns the ring slot holding seq's outcome, or nil.
+func (p *producer) slotLocked(seq int64) *outcome {
+	i := int(seq % int64(p.window))
+	if i >= len(p.ring) || p.ring[i].seq != seq {
+		return nil
+	}
+	return &p.ring[i]
 }
 
 // advance applies a hello's seq on epoch. It overlaps with run's first
@@ -213,18 +291,35 @@ func (p *producer) repeatLocked(key string) (outcome, bool) {
 // recordLocked stores o in its seq's slot. The ring grows to that slot
 // when first reached: a client-named producer new to this node starts at
 // whatever seq its client presents, not at 0, so the slots do not fill in
-// order.
+// order. The record's size (bytes) follows: the slots the ring grew by,
+// and o's key and result in place of the outcome it overwrites. A
+// pending outcome's result counts once it arrives (countResultLocked).
 func (p *producer) recordLocked(o outcome) {
 	i := int(o.seq % int64(p.window))
 	if p.keys == nil {
 		p.keys = map[string]int64{}
 	}
 	if i >= len(p.ring) {
+		c := cap(p.ring)
 		p.ring = append(p.ring, make([]outcome, i+1-len(p.ring))...)
+		p.bytes.Add(int64(cap(p.ring)-c) * slotBytes)
 	}
-	if old := p.ring[i]; old.key != "" && p.keys[old.key] == old.seq {
+	old := p.ring[i]
+	if old.key != "" && p.keys[old.key] == old.seq {
 		delete(p.keys, old.key)
 	}
+	o.size = entryBytes + int64(len(o.key))
+	if w := o.wait; w == nil {
+		o.size += resultBytes(o)
+	} else {
+		o.size += pendingBytes
+		select {
+		case <-w.done: // a repeated key's outcome that has arrived
+			o.size += resultBytes(w.o)
+		default: // countResultLocked counts it when it arrives
+		}
+	}
+	p.bytes.Add(o.size - old.size)
 	p.ring[i] = o
 	p.keys[o.key] = o.seq
 }
@@ -241,16 +336,53 @@ func producerName(actorID *string, clientID string) string {
 	return strconv.Itoa(len(*actorID)) + ":" + *actorID + ":" + clientID
 }
 
-// producers is the node's table of client-named producers. It holds at
-// most max entries with no session; beyond that, idle ones are forgotten
-// early (their clients' retries then get X_SEQ_FORGOTTEN or run again).
-type producers struct {
-	window int
-	idle   time.Duration
-	max    int
+// Reasons a producer record is forgotten, labelling
+// syncgate_producers_forgotten_total.
+const (
+	forgetExpired   = iota // idle for longer than Config.ProducerIdle (sweep)
+	forgetTableFull        // the table held Config.MaxProducers records (dropIdleLocked)
+	forgetIdleBytes        // idle records over Config.MaxIdleProducerBytes (shrinkLocked)
+	numForgetReasons
+)
 
-	mu sync.Mutex
-	m  map[string]*producer // guarded by mu
+var forgetReasons = [numForgetReasons]string{"expired", "table_full", "idle_bytes"}
+
+// producers is the node's table of client-named producers. Records no
+// session uses (idle) are kept for idle after their last session ended,
+// and forgotten early: all of them when the table holds max records, and
+// the longest idle first while their size (producer.bytes) adds up to
+// more than maxIdleBytes. A forgotten producer's client continues at the
+// seq it presents (run, advance); its retries of seqs the record held get
+// X_SEQ_FORGOTTEN or run again, and persisted appends are still
+// deduplicated by the log. A record in use is never forgotten, so a
+// connected client's retries are always answered from it.
+type producers struct {
+	window       int
+	idle         time.Duration
+	max          int
+	maxIdleBytes int64 // negative: no cap
+
+	forgotten [numForgetReasons]prometheus.Counter // by forget reason
+	idleGauge prometheus.Gauge                     // idleBytes
+
+	mu        sync.Mutex
+	m         map[string]*producer // guarded by mu
+	idleBytes int64                // guarded by mu: the counted bytes of the idle records
+	oldest    *producer            // guarded by mu: the idle records, by idleAt, through newer
+	newest    *producer            // guarded by mu
+}
+
+// newProducers returns the table for cfg (with its defaults), counting in m.
+func newProducers(cfg *Config, m *metrics) *producers {
+	return &producers{
+		window:       cfg.ProducerWindow,
+		idle:         cfg.ProducerIdle,
+		max:          cfg.MaxProducers,
+		maxIdleBytes: cfg.MaxIdleProducerBytes,
+		forgotten:    m.producersForgotten,
+		idleGauge:    m.producersIdleBytes,
+		m:            map[string]*producer{},
+	}
 }
 
 // acquire returns clientID's producer for a session on epoch; a higher epoch
@@ -258,13 +390,17 @@ type producers struct {
 func (t *producers) acquire(clientID string, epoch int64) *producer {
 	t.mu.Lock()
 	p, ok := t.m[clientID]
-	if !ok {
+	switch {
+	case !ok:
 		if len(t.m) >= t.max {
 			t.dropIdleLocked() // full: forget every producer with no session now
 		}
 		p = newProducer(epoch, t.window)
-		p.clientID = clientID
+		p.clientID, p.tab = clientID, t
+		p.bytes.Add(int64(len(clientID)))
 		t.m[clientID] = p
+	case p.sessions == 0:
+		t.unlinkLocked(p)
 	}
 	p.sessions++
 	t.mu.Unlock()
@@ -276,38 +412,124 @@ func (t *producers) acquire(clientID string, epoch int64) *producer {
 	return p
 }
 
-// release ends a session's use of p.
+// release ends a session's use of p. When it was the last, p's size counts
+// against maxIdleBytes, and the longest idle records are forgotten while
+// the idle ones hold more.
 func (t *producers) release(p *producer, now time.Time) {
 	if p.clientID == "" {
 		return
 	}
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	p.sessions--
-	if p.sessions == 0 {
-		p.idleAt = now
+	if p.sessions > 0 {
+		return
 	}
-	t.mu.Unlock()
+	p.idleAt = now
+	// Store idle before loading bytes: a pending outcome that arrives
+	// now either is in the load or sees idle and recounts.
+	p.idle.Store(true)
+	p.counted = p.bytes.Load()
+	t.idleBytes += p.counted
+	// Insert by idleAt: normally at the newest end (now only grows).
+	older := t.newest
+	for older != nil && older.idleAt.After(now) {
+		older = older.older
+	}
+	p.older = older
+	if older == nil {
+		p.newer, t.oldest = t.oldest, p
+	} else {
+		p.newer, older.newer = older.newer, p
+	}
+	if p.newer == nil {
+		t.newest = p
+	} else {
+		p.newer.older = p
+	}
+	t.shrinkLocked()
+}
+
+// recount brings the table's count of idle p's size up to date, after a
+// pending outcome of p arrived; then, like release, it forgets the longest
+// idle records while the idle ones hold more than maxIdleBytes.
+func (t *producers) recount(p *producer) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p.sessions > 0 || t.m[p.clientID] != p {
+		return // in use again (counted at its next release), or forgotten
+	}
+	n := p.bytes.Load()
+	t.idleBytes += n - p.counted
+	p.counted = n
+	t.shrinkLocked()
+}
+
+// shrinkLocked forgets the longest idle records while the idle ones hold
+// more than maxIdleBytes, and updates the gauge. Each step is O(1), so a
+// release costs as many steps as it forgets records.
+func (t *producers) shrinkLocked() {
+	n := 0
+	for t.maxIdleBytes >= 0 && t.idleBytes > t.maxIdleBytes && t.oldest != nil {
+		t.forgetLocked(t.oldest)
+		n++
+	}
+	if n > 0 {
+		t.forgotten[forgetIdleBytes].Add(float64(n))
+	}
+	t.idleGauge.Set(float64(t.idleBytes))
+}
+
+// unlinkLocked takes idle p out of the idle list and its size out of
+// idleBytes: a session uses it again, or it is forgotten.
+func (t *producers) unlinkLocked(p *producer) {
+	if p.older == nil {
+		t.oldest = p.newer
+	} else {
+		p.older.newer = p.newer
+	}
+	if p.newer == nil {
+		t.newest = p.older
+	} else {
+		p.newer.older = p.older
+	}
+	p.older, p.newer = nil, nil
+	p.idle.Store(false)
+	t.idleBytes -= p.counted
+	p.counted = 0
+	t.idleGauge.Set(float64(t.idleBytes))
+}
+
+// forgetLocked removes idle p from the table.
+func (t *producers) forgetLocked(p *producer) {
+	t.unlinkLocked(p)
+	delete(t.m, p.clientID)
 }
 
 // sweep forgets producers idle since before now-idle. It returns how many.
+// The idle list is in idleAt order, so it stops at the first one kept.
 func (t *producers) sweep(now time.Time) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	n := 0
-	for id, p := range t.m {
-		if p.sessions == 0 && now.Sub(p.idleAt) > t.idle {
-			delete(t.m, id)
-			n++
-		}
+	for t.oldest != nil && now.Sub(t.oldest.idleAt) > t.idle {
+		t.forgetLocked(t.oldest)
+		n++
+	}
+	if n > 0 {
+		t.forgotten[forgetExpired].Add(float64(n))
 	}
 	return n
 }
 
 // dropIdleLocked forgets every producer no session is using.
 func (t *producers) dropIdleLocked() {
-	for id, p := range t.m {
-		if p.sessions == 0 {
-			delete(t.m, id)
-		}
+	n := 0
+	for t.oldest != nil {
+		t.forgetLocked(t.oldest)
+		n++
+	}
+	if n > 0 {
+		t.forgotten[forgetTableFull].Add(float64(n))
 	}
 }

@@ -103,7 +103,6 @@ func New(cfg Config) (*Server, error) {
 		log:         cfg.Logger,
 		transport:   cfg.Transport,
 		seq:         &sequencer{seed: maphash.MakeSeed(), hi: uint64(cfg.Now().UnixMilli())},
-		producers:   &producers{window: cfg.ProducerWindow, idle: cfg.ProducerIdle, max: cfg.MaxProducers, m: map[string]*producer{}},
 		sessions:    map[*session]struct{}{},
 		refusals:    map[*corkConn]struct{}{},
 		tailers:     map[string]*tailer{},
@@ -129,6 +128,7 @@ func New(cfg Config) (*Server, error) {
 		reg = newRegistry()
 	}
 	s.metrics = newMetrics(reg)
+	s.producers = newProducers(&cfg, s.metrics)
 	pcfg := cfg
 	if cfg.Writers > 0 {
 		var readyLate time.Duration
