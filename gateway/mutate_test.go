@@ -312,3 +312,75 @@ func TestGateway_ProducerAfterUndecodableFrame(t *testing.T) {
 		t.Fatalf("seq 3 sent again: %+v", r.Error)
 	}
 }
+
+// TestGateway_IdleProducerBytes: the records of producers with no session
+// are bounded in bytes node-wide. Over the budget the longest idle is
+// forgotten (its client's retry of an old seq gets X_SEQ_FORGOTTEN), a
+// newer one is still answered from its record, and a connected client's
+// record is never forgotten.
+func TestGateway_IdleProducerBytes(t *testing.T) {
+	t.Parallel()
+	// visit connects as clientID, publishes once (seq 0) and sends seven
+	// mutates that each earn an error with long texts (seqs 1-7).
+	visit := func(srv *testServer, clientID string) (*gwtest.Conn, *frames.Ack) {
+		c := gwtest.Dial(t, srv.url, nil)
+		c.Hello(clientID, 0)
+		first := c.Publish("k0", 0, "t", `1`)
+		if first.Error != nil {
+			t.Fatalf("%s: %+v", clientID, first.Error)
+		}
+		for seq := int64(1); seq < 8; seq++ {
+			key := fmt.Sprintf("%0256d", seq)
+			c.Send(&frames.Mutate{Key: key, Seq: seq, Name: strings.Repeat("n", 256), Input: []byte(`{}`)})
+			if ack := c.AwaitAck(key); ack.Error == nil || ack.Error.Code != frames.CodeUnknownMutation {
+				t.Fatalf("%s seq %d: %+v", clientID, seq, ack)
+			}
+		}
+		return c, first
+	}
+	metric := func(srv *testServer, name string) float64 { return metricValue(t, scrape(t, srv.ts.URL), name) }
+	const (
+		idleBytes   = "syncgate_producers_idle_bytes"
+		forgotBytes = `syncgate_producers_forgotten_total{reason="idle_bytes"}`
+	)
+	// One such record's size, measured on a node without a budget.
+	probe := newTestServer(t, gateway.Config{MaxIdleProducerBytes: -1})
+	c, _ := visit(probe, "p")
+	c.Close()
+	gwtest.Eventually(t, gwtest.Timeout, "the probe's record is idle", func() bool { return metric(probe, idleBytes) > 0 })
+	size := metric(probe, idleBytes)
+
+	// Room for one idle record, not two.
+	srv := newTestServer(t, gateway.Config{MaxIdleProducerBytes: int64(size * 1.5)})
+	live, liveFirst := visit(srv, "l") // stays connected throughout
+	c, _ = visit(srv, "a")
+	c.Close()
+	gwtest.Eventually(t, gwtest.Timeout, "a's record is idle", func() bool { return metric(srv, idleBytes) > 0 })
+	c, bFirst := visit(srv, "b")
+	c.Close()
+	gwtest.Eventually(t, gwtest.Timeout, "a's record is forgotten", func() bool { return metric(srv, forgotBytes) == 1 })
+	if b := metric(srv, idleBytes); b <= 0 || b > size*1.5 {
+		t.Fatalf("idle bytes %v, want one record's (%v)", b, size)
+	}
+
+	// Each client comes back past its eight seqs and retries seq 0.
+	retry := func(clientID string) *frames.Ack {
+		c := gwtest.Dial(t, srv.url, nil)
+		eight := int64(8)
+		c.Send(&frames.Hello{Resume: []frames.Cursor{}, ClientID: clientID, Seq: &eight})
+		gwtest.Expect[*frames.Hello](c)
+		return c.Publish("k0", 0, "t", `1`)
+	}
+	if r := retry("a"); r.Error == nil || r.Error.Code != frames.CodeSeqForgotten {
+		t.Fatalf("a, forgotten: retry of seq 0 = %+v, want X_SEQ_FORGOTTEN", r)
+	}
+	if r := retry("b"); r.Error != nil || *r.LSN != *bFirst.LSN {
+		t.Fatalf("b, remembered: retry of seq 0 = %+v, want its first ack %s", r, *bFirst.LSN)
+	}
+	if r := live.Publish("k0", 0, "t", `1`); r.Error != nil || *r.LSN != *liveFirst.LSN {
+		t.Fatalf("the connected client's retry of seq 0 = %+v, want its first ack %s", r, *liveFirst.LSN)
+	}
+	if n := metric(srv, forgotBytes); n != 1 {
+		t.Fatalf("%v records forgotten for the budget, want 1 (a)", n)
+	}
+}
