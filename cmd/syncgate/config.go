@@ -430,6 +430,19 @@ var settings = []setting{
 			}
 			return intSetting(func(c *config) *int { return &c.Gateway.MaxSessions })(c, v)
 		}},
+	{"max-idle-producer-bytes", "SYNCGATE_MAX_IDLE_PRODUCER_BYTES", "67108864", "estimated bytes the node keeps of the producer records (recent mutate outcomes, for retries) of clients with no session; over it the longest idle are forgotten first (off: no cap)",
+		func(c *config, v string) error {
+			if v == "off" {
+				c.Gateway.MaxIdleProducerBytes = -1
+				return nil
+			}
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n <= 0 {
+				return fmt.Errorf("want a positive number of bytes or off, got %q", v)
+			}
+			c.Gateway.MaxIdleProducerBytes = n
+			return nil
+		}},
 	{"admin-token", "SYNCGATE_ADMIN_TOKEN", "", "bearer token (at least 16 bytes) enabling the admin API, POST /v1/admin/drain and /v1/admin/build; empty: admin API off. Prefer the environment to the flag",
 		func(c *config, v string) error {
 			if v != "" && len(v) < 16 {

@@ -43,6 +43,26 @@ func TestParseConfig_Writers(t *testing.T) {
 	}
 }
 
+// TestParseConfig_MaxIdleProducerBytes: a byte count and off map onto
+// Config.MaxIdleProducerBytes (the count, negative); the default is the
+// gateway's.
+func TestParseConfig_MaxIdleProducerBytes(t *testing.T) {
+	t.Parallel()
+	for v, want := range map[string]int64{"off": -1, "1048576": 1 << 20, "": 64 << 20} {
+		var args []string
+		if v != "" {
+			args = []string{"-max-idle-producer-bytes", v}
+		}
+		c, err := parseConfig(args, env(nil), io.Discard)
+		if err != nil {
+			t.Fatalf("-max-idle-producer-bytes %q: %v", v, err)
+		}
+		if got := c.Gateway.MaxIdleProducerBytes; got != want {
+			t.Errorf("-max-idle-producer-bytes %q: MaxIdleProducerBytes = %d, want %d", v, got, want)
+		}
+	}
+}
+
 // TestParseConfig_WriteDelays: -max-write-delay and -overload-write-delay
 // map onto the gateway's pacing bounds, 0s turning pacing off.
 func TestParseConfig_WriteDelays(t *testing.T) {
@@ -221,6 +241,8 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"max frame huge", nil, map[string]string{"SYNCGATE_MAX_FRAME": "9000000000000000000"}, "SYNCGATE_MAX_FRAME"},
 		{"admin token with a newline", nil, map[string]string{"SYNCGATE_ADMIN_TOKEN": "0123456789abcdef0123\n"}, "SYNCGATE_ADMIN_TOKEN"},
 		{"overload delay word", nil, map[string]string{"SYNCGATE_OVERLOAD_WRITE_DELAY": "long"}, "SYNCGATE_OVERLOAD_WRITE_DELAY"},
+		{"idle producer bytes zero", []string{"-max-idle-producer-bytes", "0"}, nil, "-max-idle-producer-bytes"},
+		{"idle producer bytes word", nil, map[string]string{"SYNCGATE_MAX_IDLE_PRODUCER_BYTES": "lots"}, "SYNCGATE_MAX_IDLE_PRODUCER_BYTES"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
