@@ -202,7 +202,8 @@ type Config struct {
 	// outcome gets X_SEQ_FORGOTTEN, or runs again if its client starts
 	// over at that seq; the log still deduplicates persisted appends). A
 	// record in use is never forgotten, so connected clients keep their
-	// outcomes. Zero means 64 MiB; negative means no cap.
+	// outcomes. Zero means 256 MiB (about 5,000 records with a full window of
+	// 36-byte keys, far more of smaller ones); negative means no cap.
 	MaxIdleProducerBytes int64
 
 	// Now is the clock. Nil means time.Now.
@@ -337,7 +338,7 @@ func (c Config) withDefaults() (Config, error) {
 	setDefault(&c.ProducerWindow, 256)
 	setDefault(&c.ProducerIdle, 24*time.Hour)
 	setDefault(&c.MaxProducers, 100000)
-	setDefault(&c.MaxIdleProducerBytes, 64<<20)
+	setDefault(&c.MaxIdleProducerBytes, 256<<20)
 	setDefault(&c.LongPollTimeout, 30*time.Second)
 	setDefault(&c.StreamBodyTimeout, 30*time.Second)
 	setDefault(&c.MaxAppendBytes, 8<<20)

@@ -430,7 +430,7 @@ var settings = []setting{
 			}
 			return intSetting(func(c *config) *int { return &c.Gateway.MaxSessions })(c, v)
 		}},
-	{"max-idle-producer-bytes", "SYNCGATE_MAX_IDLE_PRODUCER_BYTES", "67108864", "estimated bytes the node keeps of the producer records (recent mutate outcomes, for retries) of clients with no session; over it the longest idle are forgotten first (off: no cap)",
+	{"max-idle-producer-bytes", "SYNCGATE_MAX_IDLE_PRODUCER_BYTES", "268435456", "estimated bytes the node keeps of the producer records (recent mutate outcomes, for retries) of clients with no session; over it the longest idle are forgotten first (off: no cap)",
 		func(c *config, v string) error {
 			if v == "off" {
 				c.Gateway.MaxIdleProducerBytes = -1

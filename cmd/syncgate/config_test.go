@@ -48,7 +48,7 @@ func TestParseConfig_Writers(t *testing.T) {
 // gateway's.
 func TestParseConfig_MaxIdleProducerBytes(t *testing.T) {
 	t.Parallel()
-	for v, want := range map[string]int64{"off": -1, "1048576": 1 << 20, "": 64 << 20} {
+	for v, want := range map[string]int64{"off": -1, "1048576": 1 << 20, "": 256 << 20} {
 		var args []string
 		if v != "" {
 			args = []string{"-max-idle-producer-bytes", v}
