@@ -183,7 +183,7 @@ func (p *producer) run(epoch int64, first bool, f *frames.Mutate, reply func(out
 		o, later = exec()
 		if later != nil {
 			if p.inflight >= max(1, p.window/2) {
-				o = <-later // bound what is pending (and so never overwritten in the ring)
+				o = <-later // bound what is pending (its slot may still be overwritten by later seqs: countResultLocked)
 			} else {
 				p.startPendingLocked(f, later, reply)
 				return
