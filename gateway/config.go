@@ -121,6 +121,21 @@ type Config struct {
 	// negative means no cap. Anonymous sessions are not counted.
 	MaxSessionsPerActor int
 
+	// BadTokenRate is the steady rate per second of refused tokens the
+	// Durable Streams HTTP API checks from one client address (the TCP
+	// peer's IP, an IPv6 one by its /64: behind a proxy, the proxy's);
+	// BadTokenBurst is the size of each address's bucket. A refused
+	// token takes one from its address's bucket, one that verifies takes
+	// none. Once the bucket is empty, the address's requests that carry a
+	// token get 429 with Retry-After without their token being checked,
+	// good tokens included, until it refills (badtoken.go). The WebSocket
+	// hello does not use it: the accept budget meters each hello's check.
+	// Zero means 10 per second; negative turns the budget off.
+	// BadTokenBurst zero means twice BadTokenRate (at least 1). Without a
+	// Verifier there is no token to check, and no budget.
+	BadTokenRate  float64
+	BadTokenBurst int
+
 	// WriteBudget is the node's target rate of WebSocket messages written
 	// per second. Above it, busy sessions batch more frames per message by
 	// waiting up to MaxWriteDelay between their writes (see docs/architecture.md,
@@ -360,6 +375,10 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	setDefault(&c.RateLimitClose, 10*time.Second)
 	setDefault(&c.MaxSessionsPerActor, 100)
+	setDefault(&c.BadTokenRate, 10)
+	if c.BadTokenBurst == 0 && c.BadTokenRate > 0 {
+		c.BadTokenBurst = max(1, int(2*c.BadTokenRate))
+	}
 	if c.Rand == nil {
 		c.Rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())) // the global source is seeded from crypto/rand
 	}
@@ -372,7 +391,7 @@ func (c Config) withDefaults() (Config, error) {
 	case c.HelloTimeout < 0, c.MaxFrameBytes < 0, c.MaxBatchBytes < 0, c.SendQueueMessages < 0,
 		c.SendQueueBytes < 0, c.WriteTimeout < 0, c.WriteBudget < 0, c.PingInterval < 0, c.PongTimeout < 0,
 		c.MaxSubscriptions < 0, c.ProducerWindow < 0, c.ProducerIdle < 0, c.MaxProducers < 0, c.LongPollTimeout < 0, c.StreamBodyTimeout < 0, c.MaxAppendBytes < 0, c.PaceCPU < 0 || c.PaceCPU > 1,
-		c.DrainGrace < 0, c.AcceptBurst < 0, c.TokenGrace < 0, c.FrameBurst < 0:
+		c.DrainGrace < 0, c.AcceptBurst < 0, c.TokenGrace < 0, c.FrameBurst < 0, c.BadTokenBurst < 0:
 		return c, fmt.Errorf("gateway: negative limit in config")
 	case c.PresenceTTL < 0, c.PresenceWindow < 0, c.PresenceLeaveGrace < 0, c.PresenceMaxListed < 0:
 		return c, fmt.Errorf("gateway: negative presence setting in config")

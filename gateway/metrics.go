@@ -57,6 +57,7 @@ type metrics struct {
 	badFrames         prometheus.Counter
 	framesRateLimited prometheus.Counter
 	httpRateLimited   prometheus.Counter
+	httpTokensLimited prometheus.Counter
 	errorsByCode      *prometheus.CounterVec
 	bytesIn           prometheus.Counter
 	bytesOut          prometheus.Counter
@@ -105,6 +106,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		}),
 		httpRateLimited: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "syncgate_http_writes_rate_limited_total", Help: "Durable Streams HTTP writes refused with 429 for being over their token sub's rate.",
+		}),
+		httpTokensLimited: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "syncgate_http_tokens_rate_limited_total", Help: "Durable Streams HTTP requests refused with 429, their token unchecked, because their client address had spent its budget of refused tokens.",
 		}),
 		errorsByCode: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "syncgate_error_acks_total", Help: "Error acks sent, by error code.",
@@ -201,7 +205,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	for r, name := range forgetReasons {
 		m.producersForgotten[r] = forgotten.WithLabelValues(name)
 	}
-	reg.MustRegister(m.sessions, m.accepted, rejected, m.draining, framesIn, framesOut, m.badFrames, m.framesRateLimited, m.httpRateLimited,
+	reg.MustRegister(m.sessions, m.accepted, rejected, m.draining, framesIn, framesOut, m.badFrames, m.framesRateLimited, m.httpRateLimited, m.httpTokensLimited,
 		m.errorsByCode, m.bytesIn, m.bytesOut, m.messagesOut, drops, closes, m.deliveryLatency, m.publishes, m.writeDelay, m.overloadTicks, m.writesBlocked, m.writerStalls,
 		m.tailers, m.replayed, resumes, m.tokenRefreshes)
 	reg.MustRegister(m.presenceDiffs, m.presenceRejoins)

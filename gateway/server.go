@@ -61,7 +61,8 @@ type Server struct {
 	perIP    *counter           // sessions per client address (limits.go)
 	perActor *counter           // sessions per actor (limits.go)
 
-	httpWriters *writerLimits // HTTP stream writes per token sub (limits.go); nil without token keys or frame rate
+	httpWriters *writerLimits   // HTTP stream writes per token sub (limits.go); nil without token keys or frame rate
+	badTokens   *badTokenBudget // HTTP stream token checks per client address (badtoken.go); nil without token keys or when off
 
 	randMu sync.Mutex
 	rnd    *rand.Rand // guarded by randMu: drain slots and refusal jitter
@@ -114,6 +115,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Verifier != nil {
 		s.httpWriters = newWriterLimits(cfg.FrameRate, cfg.FrameBurst)
+		s.badTokens = newBadTokenBudget(cfg.BadTokenRate, cfg.BadTokenBurst, maxBadTokenAddrs)
 	}
 	// The budget gets a source of its own, drawn from cfg.Rand, so a
 	// seeded cfg.Rand makes both deterministic.
@@ -353,7 +355,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// sweepLoop forgets idle producers once a minute until Shutdown.
+// sweepLoop forgets idle producers, and the refilled buckets of the HTTP
+// writer limits and the bad-token budget, once a minute until Shutdown.
 func (s *Server) sweepLoop() {
 	t := time.NewTicker(time.Minute)
 	defer t.Stop()
@@ -367,6 +370,9 @@ func (s *Server) sweepLoop() {
 			}
 			if s.httpWriters != nil {
 				s.httpWriters.sweep(s.cfg.Now())
+			}
+			if s.badTokens != nil {
+				s.badTokens.sweep(s.cfg.Now())
 			}
 		}
 	}

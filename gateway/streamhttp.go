@@ -174,9 +174,10 @@ const (
 // manage grant; a fork also needs the subscribe grant on its source. A
 // missing or refused token is a 401, with its challenge set in h
 // (error="invalid_token" for a refused one, RFC 6750 §3.1), a missing
-// grant a 403. It returns the token's identity, nil without a Verifier
-// (the anonymous dev mode) and for methods the API does not serve, which
-// pass.
+// grant a 403, and a token from an address that has spent its budget of
+// refused tokens a 429, unchecked (verifyStreamToken). It returns the
+// token's identity, nil without a Verifier (the anonymous dev mode) and
+// for methods the API does not serve, which pass.
 func (s *Server) authorizeStream(h http.Header, r *http.Request, name string) (*auth.Identity, *requestError) {
 	v := s.cfg.Verifier
 	if v == nil {
@@ -214,17 +215,54 @@ func (s *Server) authorizeStream(h http.Header, r *http.Request, name string) (*
 		return nil, &requestError{http.StatusUnauthorized,
 			"this server requires a token: send the same JWT as in a WebSocket hello, as Authorization: Bearer <token>"}
 	}
-	id, err := v.Verify(token)
-	if err != nil {
-		h.Set("WWW-Authenticate", challengeInvalid)
-		// auth's errors never contain the token.
-		return nil, &requestError{http.StatusUnauthorized, "Authorization: " + err.Error()}
+	id, rerr := s.verifyStreamToken(h, r, v, token)
+	if rerr != nil {
+		return nil, rerr
 	}
 	for _, n := range needs {
 		if !id.Grants.Allow(n.action, n.stream) {
 			return nil, &requestError{http.StatusForbidden,
 				fmt.Sprintf("the token does not grant %s on %q (a stream's name is its topic)", n.action, n.stream)}
 		}
+	}
+	return id, nil
+}
+
+// verifyStreamToken checks a stream request's token with v, within the
+// bad-token budget of the request's client address (badtoken.go): once
+// the address has spent it, the request gets 429 with Retry-After set in
+// h, and its token is not checked. A refused token is a 401 with its
+// challenge set in h.
+func (s *Server) verifyStreamToken(h http.Header, r *http.Request, v TokenVerifier, token string) (*auth.Identity, *requestError) {
+	b := s.badTokens
+	if b == nil {
+		return verifyBearer(h, v, token)
+	}
+	key := badTokenKey(clientIP(r.RemoteAddr))
+	bk, retry := b.begin(key, s.cfg.Now())
+	if bk == nil {
+		s.metrics.httpTokensLimited.Inc()
+		secs := max(1, int(math.Ceil(retry.Seconds())))
+		h.Set("Retry-After", strconv.Itoa(secs))
+		return nil, &requestError{http.StatusTooManyRequests, fmt.Sprintf(
+			"too many refused tokens from this address (at most %s a second are checked, bursts of %d): this token was not checked; retry after %d s",
+			formatRate(float64(b.limit)), b.burst, secs)}
+	}
+	refused := true // also if v panics
+	defer func() { b.end(key, bk, refused, s.cfg.Now()) }()
+	id, err := verifyBearer(h, v, token)
+	refused = err != nil
+	return id, err
+}
+
+// verifyBearer checks token with v; a refused one is a 401 with its
+// challenge set in h.
+func verifyBearer(h http.Header, v TokenVerifier, token string) (*auth.Identity, *requestError) {
+	id, err := v.Verify(token)
+	if err != nil {
+		h.Set("WWW-Authenticate", challengeInvalid)
+		// auth's errors never contain the token.
+		return nil, &requestError{http.StatusUnauthorized, "Authorization: " + err.Error()}
 	}
 	return id, nil
 }

@@ -1,8 +1,12 @@
 package gateway_test
 
 import (
+	"net"
+	"net/http"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -303,4 +307,168 @@ func TestStreamHTTP_LiveReadsShareTheActorCap(t *testing.T) {
 		r, err := s.try("GET", p+"?offset=now&live=long-poll", bearer, "")
 		return err == nil && r.status == 204
 	})
+}
+
+// countingVerifier counts the tokens it checks; wait, when set, is
+// called before each check (and may block it).
+type countingVerifier struct {
+	v    gateway.TokenVerifier
+	n    atomic.Int64
+	wait func()
+}
+
+func (c *countingVerifier) Verify(token string) (*auth.Identity, error) {
+	c.n.Add(1)
+	if c.wait != nil {
+		c.wait()
+	}
+	return c.v.Verify(token)
+}
+
+// clientFrom returns a client of s whose connections come from ip, or
+// skips the test if the host cannot bind it.
+func (s *streamServer) clientFrom(t *testing.T, ip string) *streamServer {
+	t.Helper()
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+	tr := &http.Transport{DialContext: d.DialContext}
+	t.Cleanup(tr.CloseIdleConnections)
+	c, err := d.Dial("tcp", strings.TrimPrefix(s.base, "http://"))
+	if err != nil {
+		t.Skipf("no loopback address %s: %v", ip, err)
+	}
+	c.Close()
+	other := *s
+	other.client = &http.Client{Transport: tr}
+	return &other
+}
+
+// TestStreamHTTP_BadTokenBudget: the refused tokens of one client address
+// share a bucket (BadTokenRate, BadTokenBurst): past it the address's
+// requests with a token get 429 with Retry-After and their token is not
+// checked, a good one included, while a request without a token still
+// gets its 401 and another address is not held back. Good tokens take
+// nothing from the bucket, and it refills. The server's clock stands
+// still until the test moves it. Negative BadTokenRate turns it off.
+func TestStreamHTTP_BadTokenBudget(t *testing.T) {
+	t.Parallel()
+	v, err := auth.New(auth.Config{Secret: testSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cv := &countingVerifier{v: v}
+	s := newStreamServer(t, gateway.Config{Verifier: cv, BadTokenRate: 1, BadTokenBurst: 3})
+	good := hdr("Authorization", "Bearer "+sign(t, jwt.SigningMethodHS256, testSecret, auth.Claims{
+		RegisteredClaims: jwt.RegisteredClaims{Subject: "u", ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))},
+		Topics:           auth.TopicClaims{Subscribe: []string{"**"}, Manage: []string{"**"}}}))
+	forged := hdr("Authorization", "Bearer "+sign(t, jwt.SigningMethodHS256, []byte("not the server's secret, but 32 bytes or more"), auth.Claims{
+		RegisteredClaims: jwt.RegisteredClaims{Subject: "u", ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))}}))
+	const p = "/v1/stream/s"
+	checks := func(want int64) {
+		t.Helper()
+		if got := cv.n.Load(); got != want {
+			t.Fatalf("the verifier checked %d tokens, want %d", got, want)
+		}
+	}
+
+	s.do(t, "PUT", p, good, "").want(t, 201)
+	for range 5 {
+		s.do(t, "GET", p, good, "").want(t, 200) // good tokens take nothing
+	}
+	for range 3 {
+		s.do(t, "GET", p, forged, "").want(t, 401).wantHeader(t, "WWW-Authenticate", `Bearer realm="syncgate", error="invalid_token"`)
+	}
+	checks(9)
+	r := s.do(t, "GET", p, forged, "").want(t, 429).wantHeader(t, "Retry-After", "1").wantHeader(t, "WWW-Authenticate", "")
+	if !strings.Contains(r.body, "too many refused tokens") {
+		t.Errorf("429 body %q does not say why", r.body)
+	}
+	// Unchecked, the good token cannot be told from a forged one.
+	s.do(t, "GET", p, good, "").want(t, 429).wantHeader(t, "Retry-After", "1")
+	s.do(t, "POST", p, good, "x").want(t, 429)
+	checks(9)
+	// A request without a token costs no check: it gets its 401.
+	s.do(t, "GET", p, nil, "").want(t, 401).wantHeader(t, "WWW-Authenticate", `Bearer realm="syncgate"`)
+
+	other := s.clientFrom(t, "127.0.0.2")
+	other.do(t, "GET", p, forged, "").want(t, 401)
+	other.do(t, "GET", p, good, "").want(t, 200)
+	checks(11)
+	if got := metricValue(t, scrape(t, s.base), "syncgate_http_tokens_rate_limited_total"); got != 3 {
+		t.Errorf("syncgate_http_tokens_rate_limited_total = %v, want 3", got)
+	}
+
+	// A second on, 127.0.0.1 has one token back: a good token takes none
+	// of it, a forged one takes it.
+	s.clock.Advance(time.Second)
+	s.do(t, "GET", p, good, "").want(t, 200)
+	s.do(t, "GET", p, forged, "").want(t, 401)
+	s.do(t, "GET", p, forged, "").want(t, 429)
+	checks(13)
+
+	off := newStreamServer(t, gateway.Config{Verifier: v, BadTokenRate: -1})
+	for range 10 {
+		off.do(t, "GET", p, forged, "").want(t, 401)
+	}
+}
+
+// TestStreamHTTP_BadTokenChecksUnderWay: a token check under way holds
+// its address's token until it ends, so requests sent at once cannot
+// start more checks than the bucket could pay for: with a burst of two
+// and two checks held inside the verifier, a third request is refused
+// unchecked; once the two are refused, the bucket is spent.
+func TestStreamHTTP_BadTokenChecksUnderWay(t *testing.T) {
+	t.Parallel()
+	v, err := auth.New(auth.Config{Secret: testSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}, 16), make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free)
+	cv := &countingVerifier{v: v, wait: func() { entered <- struct{}{}; <-release }}
+	s := newStreamServer(t, gateway.Config{Verifier: cv, BadTokenRate: 1, BadTokenBurst: 2})
+	forged := hdr("Authorization", "Bearer not.a.jwt")
+	const p = "/v1/stream/s"
+	get := func() <-chan reply {
+		c := make(chan reply, 1)
+		go func() {
+			r, err := s.try("GET", p, forged, "")
+			if err != nil {
+				t.Error(err)
+			}
+			c <- r
+		}()
+		return c
+	}
+
+	held := []<-chan reply{get(), get()}
+	for range held {
+		select {
+		case <-entered:
+		case <-time.After(gwtest.Timeout):
+			t.Fatal("two requests did not reach the verifier")
+		}
+	}
+	third := get()
+	select {
+	case r := <-third:
+		if r.status != 429 {
+			t.Errorf("a third request while two checks are under way: %d, want 429", r.status)
+		}
+	case <-entered:
+		t.Error("a third check started while two were under way")
+		free()
+		<-third
+	}
+	free()
+	for _, c := range held {
+		if r := <-c; r.status != 401 {
+			t.Errorf("a held check ended with %d, want 401", r.status)
+		}
+	}
+	s.do(t, "GET", p, forged, "").want(t, 429)
+	if got := cv.n.Load(); got != 2 {
+		t.Fatalf("the verifier checked %d tokens, want 2", got)
+	}
 }
