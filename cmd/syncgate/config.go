@@ -366,6 +366,27 @@ var settings = []setting{
 			}
 			return intSetting(func(c *config) *int { return &c.Gateway.MaxSessionsPerActor })(c, v)
 		}},
+	{"bad-token-rate", "SYNCGATE_BAD_TOKEN_RATE", "10", "refused tokens per second the HTTP stream API checks from one client address (an IPv6 one by its /64); past its bucket, that address's requests with a token get 429 unchecked, good tokens too, until it refills. Behind a proxy its clients share one budget (off: no limit)",
+		func(c *config, v string) error {
+			if v == "off" {
+				c.Gateway.BadTokenRate = -1
+				return nil
+			}
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || !(f > 0) || f > 1e9 {
+				return fmt.Errorf("want a positive number or off, got %q", v)
+			}
+			c.Gateway.BadTokenRate = f
+			return nil
+		}},
+	{"bad-token-burst", "SYNCGATE_BAD_TOKEN_BURST", "auto", "size of each client address's bucket of refused tokens on the HTTP stream API (auto: twice bad-token-rate)",
+		func(c *config, v string) error {
+			if v == "auto" {
+				c.Gateway.BadTokenBurst = 0
+				return nil
+			}
+			return intSetting(func(c *config) *int { return &c.Gateway.BadTokenBurst })(c, v)
+		}},
 	{"tls-cert", "SYNCGATE_TLS_CERT", "", "PEM certificate (chain) file: with tls-key, serve https and wss directly",
 		func(c *config, v string) error { c.TLSCert = v; return nil }},
 	{"tls-key", "SYNCGATE_TLS_KEY", "", "PEM private key file of tls-cert",

@@ -63,6 +63,31 @@ func TestParseConfig_MaxIdleProducerBytes(t *testing.T) {
 	}
 }
 
+// TestParseConfig_BadTokens: -bad-token-rate and -bad-token-burst map
+// onto the gateway's bad-token budget: off is negative, auto zero (the
+// gateway's defaults, 10 a second and twice that).
+func TestParseConfig_BadTokens(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args  []string
+		env   map[string]string
+		rate  float64
+		burst int
+	}{
+		{nil, nil, 10, 0},
+		{[]string{"-bad-token-rate", "2.5", "-bad-token-burst", "4"}, nil, 2.5, 4},
+		{nil, map[string]string{"SYNCGATE_BAD_TOKEN_RATE": "off", "SYNCGATE_BAD_TOKEN_BURST": "auto"}, -1, 0},
+	} {
+		c, err := parseConfig(tc.args, env(tc.env), io.Discard)
+		if err != nil {
+			t.Fatalf("%v %v: %v", tc.args, tc.env, err)
+		}
+		if g := c.Gateway; g.BadTokenRate != tc.rate || g.BadTokenBurst != tc.burst {
+			t.Errorf("%v %v: BadTokenRate %v, BadTokenBurst %d; want %v, %d", tc.args, tc.env, g.BadTokenRate, g.BadTokenBurst, tc.rate, tc.burst)
+		}
+	}
+}
+
 // TestParseConfig_WriteDelays: -max-write-delay and -overload-write-delay
 // map onto the gateway's pacing bounds, 0s turning pacing off.
 func TestParseConfig_WriteDelays(t *testing.T) {
@@ -240,6 +265,8 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"presence ttl zero", nil, map[string]string{"SYNCGATE_PRESENCE_TTL": "0"}, "SYNCGATE_PRESENCE_TTL"},
 		{"max frame huge", nil, map[string]string{"SYNCGATE_MAX_FRAME": "9000000000000000000"}, "SYNCGATE_MAX_FRAME"},
 		{"admin token with a newline", nil, map[string]string{"SYNCGATE_ADMIN_TOKEN": "0123456789abcdef0123\n"}, "SYNCGATE_ADMIN_TOKEN"},
+		{"bad token rate zero", []string{"-bad-token-rate", "0"}, nil, "-bad-token-rate"},
+		{"bad token burst zero", nil, map[string]string{"SYNCGATE_BAD_TOKEN_BURST": "0"}, "SYNCGATE_BAD_TOKEN_BURST"},
 		{"overload delay word", nil, map[string]string{"SYNCGATE_OVERLOAD_WRITE_DELAY": "long"}, "SYNCGATE_OVERLOAD_WRITE_DELAY"},
 		{"idle producer bytes zero", []string{"-max-idle-producer-bytes", "0"}, nil, "-max-idle-producer-bytes"},
 		{"idle producer bytes word", nil, map[string]string{"SYNCGATE_MAX_IDLE_PRODUCER_BYTES": "lots"}, "SYNCGATE_MAX_IDLE_PRODUCER_BYTES"},
