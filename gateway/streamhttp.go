@@ -228,12 +228,26 @@ func (s *Server) authorizeStream(h http.Header, r *http.Request, name string) (*
 	return id, nil
 }
 
-// verifyStreamToken checks a stream request's token with v, within the
+// verifyStreamToken checks a stream request's token with v, unless it
+// verified before and has not reached its exp (tokencache.go), within the
 // bad-token budget of the request's client address (badtoken.go): once
 // the address has spent it, the request gets 429 with Retry-After set in
 // h, and its token is not checked. A refused token is a 401 with its
 // challenge set in h.
 func (s *Server) verifyStreamToken(h http.Header, r *http.Request, v TokenVerifier, token string) (*auth.Identity, *requestError) {
+	if id, ok := s.tokens.get(token, s.cfg.Now()); ok {
+		return id, nil
+	}
+	id, rerr := s.checkStreamToken(h, r, v, token)
+	if rerr == nil {
+		s.tokens.put(token, id, s.cfg.Now())
+	}
+	return id, rerr
+}
+
+// checkStreamToken is verifyStreamToken's check, within the bad-token
+// budget.
+func (s *Server) checkStreamToken(h http.Header, r *http.Request, v TokenVerifier, token string) (*auth.Identity, *requestError) {
 	b := s.badTokens
 	if b == nil {
 		return verifyBearer(h, v, token)

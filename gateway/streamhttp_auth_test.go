@@ -411,6 +411,45 @@ func TestStreamHTTP_BadTokenBudget(t *testing.T) {
 	}
 }
 
+// TestStreamHTTP_VerifiedTokensPassASpentBudget: a token the node has
+// verified is served from its cache while its address has spent the
+// bad-token budget (behind a proxy, every client's address), until its
+// exp; a token never verified is refused unchecked.
+func TestStreamHTTP_VerifiedTokensPassASpentBudget(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{t: time.Now()}
+	v, err := auth.New(auth.Config{Secret: testSecret, Now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A bucket of two that does not refill within the test.
+	s := newStreamServer(t, gateway.Config{Verifier: v, Now: clock.Now, BadTokenRate: 0.001, BadTokenBurst: 2})
+	token := func(secret []byte, sub string, ttl time.Duration) http.Header {
+		return hdr("Authorization", "Bearer "+sign(t, jwt.SigningMethodHS256, secret, auth.Claims{
+			RegisteredClaims: jwt.RegisteredClaims{Subject: sub, ExpiresAt: jwt.NewNumericDate(clock.Now().Add(ttl))},
+			Topics:           auth.TopicClaims{Subscribe: []string{"**"}, Publish: []string{"**"}, Manage: []string{"**"}}}))
+	}
+	seen, fresh := token(testSecret, "seen", time.Minute), token(testSecret, "fresh", time.Hour)
+	forged := token([]byte("not the server's secret, but 32 bytes or more"), "seen", time.Hour)
+	const p = "/v1/stream/s"
+	text := func(h http.Header) http.Header {
+		h = h.Clone()
+		h.Set("Content-Type", "text/plain")
+		return h
+	}
+	s.do(t, "PUT", p, text(seen), "").want(t, 201)
+	s.do(t, "GET", p, forged, "").want(t, 401)
+	s.do(t, "GET", p, forged, "").want(t, 401)
+	s.do(t, "GET", p, forged, "").want(t, 429)
+	s.do(t, "GET", p, seen, "").want(t, 200)
+	s.do(t, "POST", p, text(seen), "x").want(t, 204)
+	s.do(t, "GET", p, fresh, "").want(t, 429)
+	// At its exp the cache no longer answers for it: Verify would, with
+	// its leeway, but the budget is spent.
+	clock.Advance(time.Minute)
+	s.do(t, "GET", p, seen, "").want(t, 429)
+}
+
 // TestStreamHTTP_BadTokenChecksUnderWay: a token check under way holds
 // its address's token until it ends, so requests sent at once cannot
 // start more checks than the bucket could pay for: with a burst of two

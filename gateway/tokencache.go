@@ -1,0 +1,95 @@
+package gateway
+
+import (
+	"crypto/sha256"
+	"sync"
+	"time"
+
+	"github.com/syncgate/syncgate/auth"
+)
+
+// tokenCache remembers the identities of tokens the HTTP stream API has
+// verified, so a client that sends the same token with every request (as
+// a stream reader or writer does) pays for its signature check once, and
+// is still served while its address has spent its bad-token budget
+// (badtoken.go): behind a proxy every client shares that budget, and
+// one client's refused tokens would otherwise lock the others out.
+//
+// An entry is keyed by the token's SHA-256, so the cache keeps no token,
+// and a token that differs in any byte is a miss. It is used only before
+// the identity's Expires: from then on Verify decides again, with its
+// leeway. It is used only with an *auth.Verifier, which is immutable (its
+// keys, audience and issuer are fixed at start), so nothing else can make
+// a verified token go bad; another TokenVerifier might revoke tokens, and
+// is asked every time.
+// When full, expired entries go first, then arbitrary ones (Go's map
+// order) until an eighth is free: a miss costs only the check the
+// cache would have saved.
+type tokenCache struct {
+	max int // static: the most entries kept
+
+	mu sync.Mutex
+	m  map[[sha256.Size]byte]*auth.Identity // guarded by mu
+}
+
+// maxCachedTokens bounds the token cache: an entry is the key, a map
+// slot and a shared *auth.Identity (its grants' patterns included), a
+// few hundred bytes for the usual token, so a few MiB at most.
+const maxCachedTokens = 1 << 14
+
+func newTokenCache(max int) *tokenCache {
+	return &tokenCache{max: max, m: map[[sha256.Size]byte]*auth.Identity{}}
+}
+
+// get returns token's identity if it was verified and has not reached
+// its exp at now. A nil cache has nothing.
+func (c *tokenCache) get(token string, now time.Time) (*auth.Identity, bool) {
+	if c == nil {
+		return nil, false
+	}
+	k := sha256.Sum256([]byte(token))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	id, ok := c.m[k]
+	if !ok {
+		return nil, false
+	}
+	if !now.Before(id.Expires) {
+		delete(c.m, k)
+		return nil, false
+	}
+	return id, true
+}
+
+// put records that token verified as id, unless id has reached its exp
+// at now (Verify's leeway let it through: not worth keeping). A nil
+// cache keeps nothing.
+func (c *tokenCache) put(token string, id *auth.Identity, now time.Time) {
+	if c == nil || !now.Before(id.Expires) {
+		return
+	}
+	k := sha256.Sum256([]byte(token))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.m[k]; !ok && len(c.m) >= c.max {
+		c.evictLocked(now)
+	}
+	c.m[k] = id
+}
+
+// evictLocked makes room: every expired entry goes, and arbitrary ones
+// until an eighth of the cache is free, so the sweep of the whole map
+// runs at most once per max/8 new tokens.
+func (c *tokenCache) evictLocked(now time.Time) {
+	for k, id := range c.m {
+		if !now.Before(id.Expires) {
+			delete(c.m, k)
+		}
+	}
+	for k := range c.m {
+		if len(c.m) <= c.max-max(1, c.max/8) {
+			break
+		}
+		delete(c.m, k)
+	}
+}
