@@ -202,6 +202,7 @@ type writerLimits struct {
 
 	mu   sync.Mutex
 	subs map[string]*rate.Limiter // guarded by mu
+	last time.Time                // guarded by mu: the latest time given to a bucket
 }
 
 // newWriterLimits returns the limits for FrameRate and FrameBurst, or nil
@@ -214,10 +215,15 @@ func newWriterLimits(frameRate float64, frameBurst int) *writerLimits {
 }
 
 // allow takes a token for one write by sub at now. When there is none it
-// reports how long until there is.
+// reports how long until there is. Concurrent requests read the clock
+// before they queue for mu, so now may be earlier than a time already
+// given: it is then taken as that time, since rate.Limiter given an
+// earlier time refills from it again (as in acceptBudget.admit).
 func (w *writerLimits) allow(sub string, now time.Time) (ok bool, retry time.Duration) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	now = maxTime(now, w.last)
+	w.last = now
 	lim := w.subs[sub]
 	if lim == nil {
 		lim = rate.NewLimiter(w.limit, w.burst)
@@ -241,6 +247,7 @@ const maxRetryAfter = 24 * time.Hour
 func (w *writerLimits) sweep(now time.Time) int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	now = maxTime(now, w.last)
 	n := 0
 	for sub, lim := range w.subs {
 		if lim.TokensAt(now) >= float64(w.burst) {

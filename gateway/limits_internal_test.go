@@ -90,3 +90,23 @@ func TestWriterLimits_RetryAfterBounded(t *testing.T) {
 		t.Fatalf("allow = %v, %v; want false, %v", ok, retry, maxRetryAfter)
 	}
 }
+
+// TestWriterLimits_ClockBackwards: a request that read the clock before
+// another took the lock brings an earlier time; it must not make the
+// bucket refill the same stretch twice. rate.Limiter moves its clock
+// back to the time of an allowed request, so with two tokens at one a
+// second, writes at t, t+1s, t+0.5s (the late one) and t+1.5s would get
+// four tokens where the stretch paid for three.
+func TestWriterLimits_ClockBackwards(t *testing.T) {
+	t.Parallel()
+	w := newWriterLimits(1, 2)
+	t0 := time.Unix(1000, 0)
+	for _, d := range []time.Duration{0, time.Second, 500 * time.Millisecond} {
+		if ok, _ := w.allow("a", t0.Add(d)); !ok {
+			t.Fatalf("write at t+%v refused", d)
+		}
+	}
+	if ok, _ := w.allow("a", t0.Add(1500*time.Millisecond)); ok {
+		t.Fatal("the earlier time refilled half a second a second time")
+	}
+}
