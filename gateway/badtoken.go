@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"net/netip"
 	"sync"
 	"time"
 
@@ -75,24 +74,6 @@ func newBadTokenBudget(r float64, burst, max int) *badTokenBudget {
 		return nil
 	}
 	return &badTokenBudget{limit: rate.Limit(r), burst: burst, max: max, addrs: map[string]*badTokenBucket{}}
-}
-
-// badTokenKey is the budget's key for a client IP as clientIP gives it:
-// an IPv4 address itself (also when written IPv4-mapped), an IPv6
-// address's /64. Anything else (a Unix socket's peer) is its own key.
-func badTokenKey(ip string) string {
-	a, err := netip.ParseAddr(ip)
-	if err != nil {
-		return ip
-	}
-	if a.Is4() {
-		return ip
-	}
-	if a.Is4In6() {
-		return a.Unmap().String()
-	}
-	p, _ := a.Prefix(64) // cannot fail for 64 bits of an IPv6 address; drops a zone
-	return p.String()
 }
 
 // begin lets the address key start a token check at now, returning its

@@ -163,24 +163,6 @@ func TestBadTokenBudget_RetryAfterBounded(t *testing.T) {
 	}
 }
 
-func Test_badTokenKey(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct{ ip, want string }{
-		{"192.0.2.7", "192.0.2.7"},
-		{"::ffff:192.0.2.7", "192.0.2.7"},
-		{"2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"},
-		{"2001:db8:1:2:ffff::1", "2001:db8:1:2::/64"},
-		{"2001:db8:1:3::1", "2001:db8:1:3::/64"},
-		{"fe80::1%eth0", "fe80::/64"},
-		{"@", "@"}, // a Unix socket's peer
-		{"", ""},
-	} {
-		if got := badTokenKey(tc.ip); got != tc.want {
-			t.Errorf("badTokenKey(%q) = %q, want %q", tc.ip, got, tc.want)
-		}
-	}
-}
-
 // TestConfig_BadTokenDefaults: zero means 10 a second, bursts of 20; a
 // lone rate gets twice its value as burst; negative turns the budget
 // off, and so does having no Verifier; a negative burst is refused.

@@ -108,7 +108,8 @@ type Config struct {
 	RateLimitClose time.Duration
 
 	// MaxSessionsPerIP caps the sessions of one client IP address (the
-	// TCP peer: behind a proxy, the proxy's). Over it a WebSocket client
+	// TCP peer: behind a proxy, the proxy's; an IPv6 address by its /64,
+	// which one host usually has whole). Over it a WebSocket client
 	// gets a reconnect frame and close 1013, like an overloaded node. A
 	// live Durable Streams read (long-poll, SSE) counts as a session; over
 	// the cap it gets 429. Zero (the default) or negative means no cap.

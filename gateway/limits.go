@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"net"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
@@ -170,13 +171,27 @@ func (c *counter) release(key string) {
 	c.n[key]--
 }
 
-// clientIP is the address part of r.RemoteAddr: behind a proxy that
-// terminates TCP it is the proxy's (docs/security.md).
+// clientIP is the client address of r.RemoteAddr as the per-address
+// limits count it (MaxSessionsPerIP, the bad-token budget): behind a
+// proxy that terminates TCP it is the proxy's (docs/security.md). An
+// IPv4 address is itself (also when written IPv4-mapped); an IPv6 address
+// counts by its /64, since a host usually has a whole /64 and could use a
+// new address per connection. Anything else (a Unix socket's peer) is its
+// own key.
 func clientIP(remoteAddr string) string {
-	if h, _, err := net.SplitHostPort(remoteAddr); err == nil {
-		return h
+	h, _, err := net.SplitHostPort(remoteAddr)
+	if err != nil {
+		h = remoteAddr
 	}
-	return remoteAddr
+	a, err := netip.ParseAddr(h)
+	switch {
+	case err != nil, a.Is4():
+		return h
+	case a.Is4In6():
+		return a.Unmap().String()
+	}
+	p, _ := a.Prefix(64) // cannot fail for 64 bits of an IPv6 address; drops a zone
+	return p.String()
 }
 
 func formatRate(r float64) string { return strconv.FormatFloat(r, 'g', -1, 64) }

@@ -110,3 +110,24 @@ func TestWriterLimits_ClockBackwards(t *testing.T) {
 		t.Fatal("the earlier time refilled half a second a second time")
 	}
 }
+
+// TestClientIP: the per-address limits' key for a RemoteAddr: the IPv4
+// address, an IPv6 address's /64.
+func TestClientIP(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ addr, want string }{
+		{"192.0.2.7:4000", "192.0.2.7"},
+		{"[::ffff:192.0.2.7]:4000", "192.0.2.7"},
+		{"[2001:db8:1:2:3:4:5:6]:4000", "2001:db8:1:2::/64"},
+		{"[2001:db8:1:2:ffff::1]:1", "2001:db8:1:2::/64"},
+		{"[2001:db8:1:3::1]:1", "2001:db8:1:3::/64"},
+		{"[fe80::1%eth0]:1", "fe80::/64"},
+		{"192.0.2.7", "192.0.2.7"}, // no port
+		{"@", "@"},                 // a Unix socket's peer
+		{"", ""},
+	} {
+		if got := clientIP(tc.addr); got != tc.want {
+			t.Errorf("clientIP(%q) = %q, want %q", tc.addr, got, tc.want)
+		}
+	}
+}

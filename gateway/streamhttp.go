@@ -252,7 +252,7 @@ func (s *Server) checkStreamToken(h http.Header, r *http.Request, v TokenVerifie
 	if b == nil {
 		return verifyBearer(h, v, token)
 	}
-	key := badTokenKey(clientIP(r.RemoteAddr))
+	key := clientIP(r.RemoteAddr)
 	bk, retry := b.begin(key, s.cfg.Now())
 	if bk == nil {
 		s.metrics.httpTokensLimited.Inc()
