@@ -99,7 +99,10 @@
 //     persisted topic's log is deleted or made anew: the server's
 //     X_CURSOR_EXPIRED and snapshot move [Subscription.Cursor] to the new
 //     log, whose offsets start again, so its patches are not dropped as
-//     duplicates.
+//     duplicates. A persisted topic subscribed before its stream existed
+//     (a cursor with no digest) gets, when the stream is made, a snapshot
+//     with no X_CURSOR_EXPIRED naming the log: the cursor takes its digest
+//     and nothing is reported, as nothing was lost.
 //   - [Options.URLFor] picks each attempt's URL (e.g. [RoundRobin]), so a
 //     client can move between nodes without a load balancer.
 //   - [Options.OnEvent] reports each step ([Event]); Dial retries too, and

@@ -357,3 +357,77 @@ func TestSubscription_ResetDuringTakeOver(t *testing.T) {
 		t.Fatalf("%d EventCursorExpired, want 1 (from the take-over)", n)
 	}
 }
+
+// A persisted topic with no stream when subscribed (snapshot digest ""):
+// when the stream is made the server sends, on its own and with no
+// X_CURSOR_EXPIRED, a snapshot at the start naming the new log. The
+// cursor takes the log's digest, the new log's records are delivered, and
+// nothing is reported as expired; a take-over then resumes with the
+// digest.
+func TestSubscription_LogMadeWhileLive(t *testing.T) {
+	ctx, rec, c, s, sc := startScripted(t)
+	done := make(chan *client.Subscription, 1)
+	go func() {
+		sub, err := c.Subscribe(ctx, "p:t", nil, rec.handler(t))
+		if err != nil {
+			t.Errorf("subscribe: %v", err)
+		}
+		done <- sub
+	}()
+	add := expect[*frames.Subscribe](t, sc)
+	sc.send(t, &frames.Ack{Ref: add.SID}, topicSnapshot(add.SID, 0, ""))
+	sub := <-done
+	if sub == nil {
+		t.FailNow()
+	}
+	sid := sub.SID()
+	sc.send(t, topicSnapshot(sid, 0, "log:a"), insert(sid, 1, "first"), insert(sid, 2, "second"))
+	if got := rec.waitData(t, 2); strings.Join(got, ",") != "first,second" {
+		t.Fatalf("handler saw %v", got)
+	}
+	if cur := sub.Cursor(); cur.LSN != lsnOf(2) || cur.Digest != "log:a" {
+		t.Fatalf("cursor %+v, want log:a's at %s", cur, lsnOf(2))
+	}
+	if n := rec.count(client.EventCursorExpired); n != 0 {
+		t.Fatalf("%d EventCursorExpired, want none", n)
+	}
+	sc.send(t, &frames.Reconnect{AfterMs: 0, Reason: frames.ReasonDrain})
+	resume := expect[*frames.Subscribe](t, s.next(t))
+	if cur := resume.Target.Cursor; cur == nil || cur.LSN != lsnOf(2) || cur.Digest != "log:a" {
+		t.Fatalf("resume cursor %+v, want log:a's at %s", resume.Target.Cursor, lsnOf(2))
+	}
+}
+
+// A resume from a cursor that names no log (the topic had no stream) is
+// answered with a snapshot at the cursor naming the log there is now: the
+// cursor takes its digest.
+func TestSubscription_ResumeNamesTheLog(t *testing.T) {
+	ctx, rec, c, s, sc := startScripted(t)
+	done := make(chan *client.Subscription, 1)
+	go func() {
+		sub, err := c.Subscribe(ctx, "p:t", nil, rec.handler(t))
+		if err != nil {
+			t.Errorf("subscribe: %v", err)
+		}
+		done <- sub
+	}()
+	add := expect[*frames.Subscribe](t, sc)
+	sc.send(t, &frames.Ack{Ref: add.SID}, topicSnapshot(add.SID, 0, ""))
+	sub := <-done
+	if sub == nil {
+		t.FailNow()
+	}
+	sc.send(t, &frames.Reconnect{AfterMs: 0, Reason: frames.ReasonDrain})
+	sc2 := s.next(t)
+	resume := expect[*frames.Subscribe](t, sc2)
+	if cur := resume.Target.Cursor; cur == nil || cur.LSN != lsnOf(0) || cur.Digest != "" {
+		t.Fatalf("resume cursor %+v, want the start with no digest", resume.Target.Cursor)
+	}
+	sc2.send(t, &frames.Ack{Ref: resume.SID}, topicSnapshot(resume.SID, 0, "log:a"), insert(sub.SID(), 1, "first"))
+	if got := rec.waitData(t, 1); strings.Join(got, ",") != "first" {
+		t.Fatalf("handler saw %v", got)
+	}
+	if cur := sub.Cursor(); cur.LSN != lsnOf(1) || cur.Digest != "log:a" {
+		t.Fatalf("cursor %+v, want log:a's at %s", cur, lsnOf(1))
+	}
+}

@@ -246,6 +246,15 @@ func (cn *conn) handleFrameSnapshot(f *frames.Snapshot) {
 		s.reset(cn, f, takeover)
 		return
 	}
+	if ok && s.settled && s.via == cn && s.snapOn == cn {
+		// Unannounced, on the connection followed: a persisted topic's
+		// log made where there was none.
+		c.mu.Unlock()
+		if !s.logMade(cn, f) {
+			c.onFrame(f)
+		}
+		return
+	}
 	if !ok || s.via != cn || s.snapOn == cn {
 		c.mu.Unlock()
 		c.onFrame(f) // a later snapshot, or one nobody waits for
@@ -280,6 +289,11 @@ func (cn *conn) handleFrameSnapshot(f *frames.Snapshot) {
 		s.cursor = f.Cursor
 	case s.cursor.QID == "":
 		s.cursor = f.Cursor
+	case s.cursor.Digest == "" && f.Cursor.Digest != "" && f.Cursor.LSN == s.cursor.LSN:
+		// Resumed from a cursor that named no log (the topic had no
+		// stream, or it was built by hand): the server took it as a
+		// position in the log it names.
+		s.cursor.Digest = f.Cursor.Digest
 	}
 	s.mu.Unlock()
 	if !first && expired {
@@ -319,6 +333,25 @@ func (cn *conn) handleResetAck(a *frames.Ack) bool {
 		return false
 	}
 	s.resetOn = cn
+	return true
+}
+
+// logMade takes the snapshot f a persisted topic's subscription gets, with
+// no X_CURSOR_EXPIRED, when the topic's stream is made where there was
+// none: the subscription was at the start with nothing after it, the new
+// log's start, so nothing is lost and the cursor only gains the log's
+// digest (with which a later resume tells this log from one made after
+// it). It reports false, leaving the cursor alone, for any other
+// snapshot.
+func (s *Subscription) logMade(cn *conn, f *frames.Snapshot) bool {
+	s.dmu.Lock()
+	defer s.dmu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.from != cn || s.cursor.Digest != "" || f.Cursor.Digest == "" || f.Cursor.QID != s.cursor.QID {
+		return false
+	}
+	s.cursor = f.Cursor
 	return true
 }
 
