@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/syncgate/syncgate/auth"
@@ -17,10 +18,22 @@ import (
 // Persisted topics.
 //
 // A topic whose name matches a Config.Persist pattern is the stream of the
-// same name in Config.Log (JSON mode, created on first use). Publishing
-// appends a record {key, data, actorId, at}; the record reaches subscribers
-// through the topic's tailer, never straight from the publish, so records
-// appended over HTTP and over WebSocket reach them alike and in log order.
+// same name in Config.Log (JSON mode). The stream is made by those who may
+// write it: the first publish (its append creates it) or a PUT over HTTP
+// (the manage grant); a subscribe never makes it, so a session that may
+// only read cannot fill the log with empty streams. Publishing appends a
+// record {key, data, actorId, at}; the record reaches subscribers through
+// the topic's tailer, never straight from the publish, so records appended
+// over HTTP and over WebSocket reach them alike and in log order.
+//
+// A subscribe to a topic with no stream yet is answered as one to an empty
+// stream (a snapshot at the zero offset, with no log digest), and its
+// tailer waits for a stream to appear: woken by this node's publishes and
+// PUTs (streamMade), and looking every second for one made elsewhere. It
+// then adopts the stream from its start, without a reset: its subscribers
+// had nothing after the zero offset, and the new log's offsets all come
+// after it. They get a snapshot with no rows at the zero offset carrying
+// the log's digest (a log mark of kind markCreated), then its records.
 //
 // One tailer runs per persisted topic with local subscribers. It waits on
 // the log, reads what is new and hands each record to the transport as an
@@ -88,30 +101,6 @@ func persistError(ss []string) error {
 	return nil
 }
 
-// ensureStream creates topic's stream unless this node has seen it.
-func (srv *Server) ensureStream(ctx context.Context, topic string) error {
-	if _, ok := srv.streams.Load(topic); ok {
-		return nil
-	}
-	_, _, err := srv.cfg.Log.Create(ctx, topic, storage.CreateOptions{ContentType: "application/json"})
-	if errors.Is(err, storage.ErrConflict) {
-		// Created over HTTP with another configuration: usable as long
-		// as it holds JSON.
-		info, herr := srv.cfg.Log.Head(ctx, topic)
-		if herr != nil {
-			return herr
-		}
-		if storage.NormalizeContentType(info.ContentType) != "application/json" {
-			return errNotJSONStream
-		}
-		err = nil
-	}
-	if err == nil {
-		srv.streams.Store(topic, struct{}{})
-	}
-	return err
-}
-
 var errNotJSONStream = errors.New("the topic's stream exists with a content type other than application/json")
 
 // publishPersisted appends mutate f's message to topic's stream. The
@@ -142,6 +131,7 @@ func (s *session) publishPersisted(f *frames.Mutate, topic string, data json.Raw
 			return
 		}
 		srv.metrics.publishes.Inc()
+		srv.streamMade(topic) // the first append made the stream
 		later <- outcome{key: f.Key, lsn: res.Offset}
 	})
 	return outcome{}, later
@@ -207,14 +197,19 @@ type tailer struct {
 	published string   // guarded by the topic's stripe lock
 	log       logIdent // guarded by the topic's stripe lock: the stream published from
 	cancel    context.CancelFunc
+
+	// While the topic has no stream, the tailer sets awaiting and waits
+	// on made (capacity 1), which streamMade fills without blocking.
+	awaiting atomic.Bool
+	made     chan struct{}
 }
 
 // acquireTailer returns topic's tailer, starting it if needed. The caller
-// must releaseTailer it.
+// must releaseTailer it. A topic with no stream (never made, or deleted)
+// gets a tailer with none, published at the zero offset: a subscribe does
+// not make the stream (see the top of this file). One that exists must be
+// JSON.
 func (srv *Server) acquireTailer(ctx context.Context, topic string) (*tailer, error) {
-	if err := srv.ensureStream(ctx, topic); err != nil {
-		return nil, err
-	}
 	srv.tailMu.Lock()
 	defer srv.tailMu.Unlock()
 	if t := srv.tailers[topic]; t != nil {
@@ -222,20 +217,18 @@ func (srv *Server) acquireTailer(ctx context.Context, topic string) (*tailer, er
 		return t, nil
 	}
 	info, err := srv.cfg.Log.Head(ctx, topic)
-	if errors.Is(err, storage.ErrNotFound) {
-		// Deleted (over HTTP, or by its TTL) since this node last made
-		// it, while no tailer here watched: make it anew, as a first use.
-		srv.streams.Delete(topic)
-		if err = srv.ensureStream(ctx, topic); err == nil {
-			info, err = srv.cfg.Log.Head(ctx, topic)
-		}
-	}
-	if err != nil {
+	switch {
+	case errors.Is(err, storage.ErrNotFound):
+		info = storage.Info{Tail: storage.ZeroOffset}
+	case err != nil:
 		return nil, err
+	case storage.NormalizeContentType(info.ContentType) != "application/json":
+		return nil, errNotJSONStream
 	}
 	tctx, cancel := context.WithCancel(srv.baseCtx)
-	t := &tailer{topic: topic, refs: 1, published: info.Tail, log: identOf(info), cancel: cancel}
+	t := &tailer{topic: topic, refs: 1, published: info.Tail, log: identOf(info), cancel: cancel, made: make(chan struct{}, 1)}
 	srv.tailers[topic] = t
+	srv.tailIndex.Store(topic, t)
 	srv.metrics.tailers.Inc()
 	srv.wg.Go(func() { srv.tail(tctx, t, info.Tail) })
 	return t, nil
@@ -248,7 +241,26 @@ func (srv *Server) releaseTailer(t *tailer) {
 	if t.refs--; t.refs == 0 {
 		t.cancel()
 		delete(srv.tailers, t.topic)
+		srv.tailIndex.CompareAndDelete(t.topic, t)
 		srv.metrics.tailers.Dec()
+	}
+}
+
+// streamMade tells topic's tailer, if it waits for a stream, that this
+// node may have just made one (a publish's append, a PUT), so that its
+// subscribers get the first records at once rather than at its next look.
+// It never blocks and takes no lock: it runs in the log's append
+// callbacks.
+func (srv *Server) streamMade(topic string) {
+	v, ok := srv.tailIndex.Load(topic)
+	if !ok {
+		return
+	}
+	if t := v.(*tailer); t.awaiting.Load() {
+		select {
+		case t.made <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -304,10 +316,14 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 		return pause()
 	}
 	// replaced reports whether the stream is not the one tailed any more
-	// (deleted, expired, or made anew), and then resets to the start of
-	// what is there now (Head), also when a stream is made after a reset
-	// that found none: others may have come and gone meanwhile, and the
-	// subscribers' snapshots must carry this log's digest.
+	// (deleted, expired, or made anew; or made where there was none), and
+	// then moves to the start of what is there now (Head): from a stream,
+	// a reset (resetTail); from none, the new one's adoption (adoptTail),
+	// which loses nothing, since the subscribers were at the zero offset
+	// with nothing after it. The subscribers' snapshots then carry this
+	// log's digest. A stream made and deleted again before the tailer
+	// looked is not seen at all, as one gone before they subscribed; a
+	// stream this node makes wakes the tailer at once (streamMade).
 	replaced := func(err error) bool {
 		if err != nil && !errors.Is(err, storage.ErrNotFound) && !errors.Is(err, storage.ErrGone) &&
 			!errors.Is(err, storage.ErrBadRequest) {
@@ -324,12 +340,31 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 		if now == cur {
 			return false
 		}
-		log.Warn("persisted topic: its stream was deleted or made anew; subscribers start again from a snapshot",
-			"exists", now != logIdent{})
-		srv.streams.Delete(t.topic)
-		srv.resetTail(ctx, t, now)
+		if cur == (logIdent{}) {
+			// Made while there was none: its subscribers are at the zero
+			// offset with nothing after it, so they take it from its
+			// start, without a reset.
+			srv.adoptTail(ctx, t, now)
+		} else {
+			log.Warn("persisted topic: its stream was deleted or made anew; subscribers start again from a snapshot",
+				"exists", now != logIdent{})
+			srv.resetTail(ctx, t, now)
+		}
 		after, cur = storage.ZeroOffset, now
 		return true
+	}
+	// await waits, while there is no stream, for streamMade or a second.
+	await := func() bool {
+		tm := time.NewTimer(tailRetry)
+		defer tm.Stop()
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.made:
+			return true
+		case <-tm.C:
+			return true
+		}
 	}
 	// skipPruned handles a read of the stream tailed that found what
 	// comes after `after` removed by retention (the tailer fell behind, or
@@ -350,12 +385,16 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 	var body []byte
 	for {
 		if cur == (logIdent{}) {
-			// No stream since the last reset: look again every second
-			// (a stream made empty has nothing to wait on yet).
+			// No stream yet, or since the last reset: look when this node
+			// makes one, and every second for one made elsewhere (a
+			// stream made empty has nothing to wait on yet). awaiting is
+			// set before the look, so a stream made after it wakes us.
+			t.awaiting.Store(true)
 			if replaced(nil) {
+				t.awaiting.Store(false)
 				continue
 			}
-			if pause() {
+			if await() {
 				continue
 			}
 			return
@@ -437,6 +476,7 @@ const (
 	logMarkStart = 0
 	markReplaced = 'r' // the stream was deleted or made anew
 	markPruned   = 'p' // retention removed records not yet delivered
+	markCreated  = 'c' // a stream was made where there was none
 )
 
 func logMark(kind byte, at string, l logIdent) []byte {
@@ -462,6 +502,20 @@ func (srv *Server) resetTail(ctx context.Context, t *tailer, to logIdent) {
 	defer mu.Unlock()
 	t.published, t.log = storage.ZeroOffset, to
 	if err := srv.transport.Publish(ctx, t.topic, logMark(markReplaced, storage.ZeroOffset, to)); err != nil {
+		srv.log.Warn("persisted topic: fanout failed", "topic", t.topic, "err", err)
+	}
+}
+
+// adoptTail moves t, which had no stream, onto the stream made since (to),
+// from its start, and tells every subscription: each answers with a
+// snapshot at the start carrying the new log's digest (logCreated), with
+// no error, and then gets its records live.
+func (srv *Server) adoptTail(ctx context.Context, t *tailer, to logIdent) {
+	mu := srv.seq.stripe(t.topic)
+	mu.Lock()
+	defer mu.Unlock()
+	t.published, t.log = storage.ZeroOffset, to
+	if err := srv.transport.Publish(ctx, t.topic, logMark(markCreated, storage.ZeroOffset, to)); err != nil {
 		srv.log.Warn("persisted topic: fanout failed", "topic", t.topic, "err", err)
 	}
 }
@@ -503,6 +557,15 @@ func (sub *subscription) logReset(digest string) {
 	s.sendSnapshot(sub.sid, sub.topic, storage.ZeroOffset, digest)
 }
 
+// logCreated answers the making of the subscription's topic log where
+// there was none (adoptTail): the subscription was at the zero offset with
+// nothing after it, which is the new log's start, so nothing is lost; the
+// snapshot gives the client the log's digest for its cursor. A replaying
+// subscription answers it when its replayer gets to it (holdReset).
+func (sub *subscription) logCreated(digest string) {
+	sub.s.sendSnapshot(sub.sid, sub.topic, storage.ZeroOffset, digest)
+}
+
 // replay is a replaying subscription's state.
 type replay struct {
 	mu      sync.Mutex
@@ -511,7 +574,8 @@ type replay struct {
 	heldLen int                // guarded by mu: bytes in held
 	maxHeld int                // static: the bound on heldLen
 	lost    bool               // guarded by mu: held overflowed and was discarded
-	reset   bool               // guarded by mu: the topic's log was replaced (resetTail) and the replayer has not yet started over
+	reset   bool               // guarded by mu: the topic's log was replaced (resetTail) or made (adoptTail) and the replayer has not yet started over
+	made    bool               // guarded by mu: with reset, only made where there was none: no loss to report
 	gap     *heldGap           // guarded by mu: the tailer skipped pruned records (skipTail) before held[gap.at]
 	cancel  context.CancelFunc // set before the replayer starts
 	done    chan struct{}      // closed when the replayer returns
@@ -552,17 +616,20 @@ func (r *replay) hold(it outItem) bool {
 	return true
 }
 
-// holdReset records a reset of the topic's log (resetTail) while the
-// subscription replays: what was held came from the old log and is
-// dropped, and the replayer starts again from the new log's start
-// (runReplay). It reports false once the subscription is live.
-func (r *replay) holdReset() bool {
+// holdReset records a reset of the topic's log (resetTail), or its making
+// where there was none (adoptTail, made), while the subscription replays:
+// what was held came from the old log and is dropped, and the replayer
+// starts again from the new log's start (runReplay). A replacement pending
+// is not turned into a making by a later one. It reports false once the
+// subscription is live.
+func (r *replay) holdReset(made bool) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !r.active {
 		return false
 	}
 	r.dropHeldLocked(false)
+	r.made = made && (!r.reset || r.made)
 	r.reset = true
 	return true
 }
@@ -676,16 +743,27 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 	// The log replaced while replaying (resetTail): the client is told as a
 	// live subscriber was, and the replay starts over in the log the
 	// tailer is on now, from its start up to where the tailer is; what was
-	// held is dropped, the log being the source of truth.
+	// held is dropped, the log being the source of truth. A log made where
+	// there was none (adoptTail) is no loss: a client already answered at
+	// the zero offset gets the new log's digest (logCreated), one whose
+	// cursor is the zero offset is answered as resumed there.
 	onReset := func() {
 		mu.Lock()
 		r.mu.Lock()
-		r.reset = false
+		made := r.made
+		r.reset, r.made = false, false
 		r.dropHeldLocked(false)
 		through, cur = r.tailer.published, r.tailer.log
 		r.mu.Unlock()
 		mu.Unlock()
-		sub.logReset(cur.digest())
+		switch {
+		case made && !first:
+			sub.logCreated(cur.digest())
+		case made && cursor == storage.ZeroOffset:
+			s.sendResumed(sub, cursor, cur.digest())
+		default:
+			sub.logReset(cur.digest())
+		}
 		first, after = false, storage.ZeroOffset
 	}
 	if c.Digest != "" && c.Digest != cur.digest() {

@@ -147,8 +147,8 @@ func TestPersisted_PublishIsDurableAndOneLogWithHTTP(t *testing.T) {
 	sub := gwtest.Dial(t, n.url, nil)
 	sub.Hello("", 0)
 	snap := sub.Subscribe("s", "chat:a")
-	if snap.Cursor.LSN != storage.ZeroOffset {
-		t.Fatalf("snapshot of a new topic at %s, want %s", snap.Cursor.LSN, storage.ZeroOffset)
+	if snap.Cursor.LSN != storage.ZeroOffset || snap.Cursor.Digest != "" {
+		t.Fatalf("snapshot of a new topic at %s (digest %q), want %s and none (no stream yet)", snap.Cursor.LSN, snap.Cursor.Digest, storage.ZeroOffset)
 	}
 	pub := gwtest.Dial(t, n.url, nil)
 	pub.Hello("writer", 0)
@@ -161,6 +161,7 @@ func TestPersisted_PublishIsDurableAndOneLogWithHTTP(t *testing.T) {
 	if err != nil || len(res.Records) != 1 || res.Records[0].Offset != *ack.LSN {
 		t.Fatalf("log after ack: %+v, %v", res, err)
 	}
+	expectMade(t, sub, "s") // the publish made the stream: its digest, no reset
 	op := collect(t, sub, "s", 1)[0]
 	if op.LSN != *ack.LSN || rowData(t, op) != `{"text":"hi"}` {
 		t.Fatalf("patch %+v for ack %s", op, *ack.LSN)
@@ -378,6 +379,7 @@ func TestPersisted_GoClientResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	makeStream(t, n.db, "chat:g")
 	first, err := c.Subscribe(ctx, "chat:g", nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -558,6 +560,7 @@ func TestPersisted_CursorAheadOfTheTailer(t *testing.T) {
 		log = &headSignalLog{gatedLog: gatedLog{DB: db, open: make(chan struct{})}, head: make(chan struct{})}
 		return log
 	})
+	makeStream(t, db, "chat:lag")
 	first := gwtest.Dial(t, srv.url, nil)
 	first.Hello("", 0)
 	first.Subscribe("s", "chat:lag") // starts the tailer at the empty log's tail
@@ -602,6 +605,7 @@ func TestPersisted_CursorAheadOfTheTailer(t *testing.T) {
 func TestPersisted_StreamDeletedAndMadeAnew(t *testing.T) {
 	t.Parallel()
 	n := startPersistNode(t, t.TempDir())
+	makeStream(t, n.db, "chat:gone")
 	sub := gwtest.Dial(t, n.url, nil)
 	sub.Hello("", 0)
 	first := sub.Subscribe("s", "chat:gone")
@@ -628,8 +632,9 @@ func TestPersisted_StreamDeletedAndMadeAnew(t *testing.T) {
 	}
 
 	// Made anew with one record over HTTP (its offset is the old log's
-	// first), then a WebSocket publish: another reset, now to the new log
-	// (its digest in the snapshot), then both records in the new log's order.
+	// first), then a WebSocket publish: a snapshot naming the new log, with
+	// no second reset (nothing came between), then both records in the new
+	// log's order.
 	do(http.MethodPut, "")
 	do(http.MethodPost, `{"from":"backend"}`)
 	ack = pub.Publish("k3", 3, "chat:gone", `"ws"`)
@@ -637,8 +642,8 @@ func TestPersisted_StreamDeletedAndMadeAnew(t *testing.T) {
 		t.Fatalf("publish after the recreate: %+v", ack.Error)
 	}
 	resets, digest, ops := resetThenCollect(t, sub, "s", 2)
-	if resets != 1 || !strings.HasPrefix(digest, "log:") || digest == first.Cursor.Digest {
-		t.Fatalf("after the recreate: %d resets, digest %q; want 1 and a new log's (the first was %q)", resets, digest, first.Cursor.Digest)
+	if resets != 0 || !strings.HasPrefix(digest, "log:") || digest == first.Cursor.Digest {
+		t.Fatalf("after the recreate: %d resets, digest %q; want none and a new log's (the first was %q)", resets, digest, first.Cursor.Digest)
 	}
 	if ops[0].LSN != old[0].LSN || rowData(t, ops[0]) != `{"from":"backend"}` ||
 		ops[1].LSN != *ack.LSN || rowData(t, ops[1]) != `"ws"` {
@@ -646,13 +651,15 @@ func TestPersisted_StreamDeletedAndMadeAnew(t *testing.T) {
 	}
 
 	// Deleted and made anew at once: whether or not the tailer saw the gap
-	// (one reset or two), the last snapshot names the newest log.
+	// (a reset to the new log, or one to no log and then the new log's
+	// snapshot), there is one reset and the last snapshot names the newest
+	// log.
 	do(http.MethodDelete, "")
 	do(http.MethodPut, "")
 	do(http.MethodPost, `{"again":true}`)
 	resets2, digest2, ops := resetThenCollect(t, sub, "s", 1)
-	if !strings.HasPrefix(digest2, "log:") || digest2 == digest {
-		t.Fatalf("after the quick recreate: digest %q, want a newer log's than %q", digest2, digest)
+	if resets2 != 1 || !strings.HasPrefix(digest2, "log:") || digest2 == digest {
+		t.Fatalf("after the quick recreate: %d resets, digest %q, want 1 and a newer log's than %q", resets2, digest2, digest)
 	}
 	if ops[0].LSN != old[0].LSN || rowData(t, ops[0]) != `{"again":true}` {
 		t.Fatalf("after the quick recreate: %+v", ops[0])
@@ -674,25 +681,35 @@ func TestPersisted_StreamDeletedAndMadeAnew(t *testing.T) {
 	}
 }
 
-// resetThenCollect reads one or more resets of sid (X_CURSOR_EXPIRED and a
-// snapshot at the start), then patches until it holds n inserts. It
-// returns the number of resets, the last snapshot's digest and the inserts.
+// resetThenCollect reads the resets of sid (X_CURSOR_EXPIRED and a
+// snapshot at the start) and the snapshots naming a log made where there
+// was none (no ack), then patches until it holds n inserts. It returns the
+// number of resets, the last snapshot's digest and the inserts. It wants at
+// least one snapshot, and the last to name a log.
 func resetThenCollect(t *testing.T, c *gwtest.Conn, sid string, n int) (int, string, []frames.PatchOp) {
 	t.Helper()
-	resets, digest := 0, ""
+	resets, snaps, digest := 0, 0, ""
 	for {
-		ack := gwtest.Expect[*frames.Ack](c)
-		if ack.Ref != sid || ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
-			t.Fatalf("after %d resets: ack %+v, want X_CURSOR_EXPIRED for %s", resets, ack, sid)
-		}
-		snap := gwtest.Expect[*frames.Snapshot](c)
-		if snap.SID != sid || snap.Cursor.LSN != storage.ZeroOffset {
-			t.Fatalf("reset snapshot %+v, want one at %s", snap, storage.ZeroOffset)
-		}
-		resets, digest = resets+1, snap.Cursor.Digest
-		if _, more := c.Peek().(*frames.Ack); !more {
+		var reset bool
+		if ack, ok := c.Peek().(*frames.Ack); ok {
+			if c.Next(); ack.Ref != sid || ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
+				t.Fatalf("after %d resets: ack %+v, want X_CURSOR_EXPIRED for %s", resets, ack, sid)
+			}
+			reset = true
+		} else if _, ok := c.Peek().(*frames.Snapshot); !ok {
 			break
 		}
+		snap := gwtest.Expect[*frames.Snapshot](c)
+		if snap.SID != sid || snap.Cursor.LSN != storage.ZeroOffset || (!reset && digest != "") {
+			t.Fatalf("snapshot %+v (reset %v, after one naming %q), want one at %s", snap, reset, digest, storage.ZeroOffset)
+		}
+		if reset {
+			resets++
+		}
+		snaps, digest = snaps+1, snap.Cursor.Digest
+	}
+	if snaps == 0 || !strings.HasPrefix(digest, "log:") {
+		t.Fatalf("%d snapshots, the last naming %q: want a log's", snaps, digest)
 	}
 	return resets, digest, collect(t, c, sid, n)
 }
@@ -784,12 +801,15 @@ func TestPersisted_ResetWhileReplaying(t *testing.T) {
 	if snap.Cursor.LSN != storage.ZeroOffset {
 		t.Fatalf("snapshot after the reset at %s", snap.Cursor.LSN)
 	}
-	// A second reset when the tailer saw the log missing, then made anew.
+	// When the tailer saw the log missing, then made anew, and the reset
+	// named no log: a snapshot naming the new log follows (no second
+	// reset).
 	var got []frames.PatchOp
 	digest := snap.Cursor.Digest
-	if _, more := r.Peek().(*frames.Ack); more {
+	switch r.Peek().(type) {
+	case *frames.Ack, *frames.Snapshot:
 		_, digest, got = resetThenCollect(t, r, "s", 5)
-	} else {
+	default:
 		got = collect(t, r, "s", 5)
 	}
 	if digest != newDigest {
@@ -812,6 +832,7 @@ func TestPersisted_CursorOfADeletedLog(t *testing.T) {
 	t.Parallel()
 	n := startPersistNode(t, t.TempDir())
 	const topic = "chat:reborn"
+	makeStream(t, n.db, topic)
 	c := gwtest.Dial(t, n.url, nil)
 	c.Hello("", 0)
 	snap := c.Subscribe("s", topic)
@@ -879,11 +900,13 @@ func TestPersisted_CursorOfADeletedLog(t *testing.T) {
 }
 
 // A persisted topic's stream deleted over HTTP while this node had no
-// subscriber to it (no tailer watching) is made anew by the next
-// subscribe, as on first use, rather than refused with X_INTERNAL.
+// subscriber to it (no tailer watching) is subscribed to as one never
+// made (not made anew by the subscribe, nor refused with X_INTERNAL); the
+// next publish makes it, and the subscriber gets it.
 func TestPersisted_SubscribeAfterDeleteWithoutTailer(t *testing.T) {
 	t.Parallel()
 	n := startPersistNode(t, t.TempDir())
+	makeStream(t, n.db, "chat:gone")
 	c := gwtest.Dial(t, n.url, nil)
 	c.Hello("", 0)
 	c.Subscribe("s", "chat:gone")
@@ -892,10 +915,14 @@ func TestPersisted_SubscribeAfterDeleteWithoutTailer(t *testing.T) {
 		t.Fatalf("drop: %+v", ack.Error)
 	}
 	streamRequest(t, n, http.MethodDelete, "chat:gone", "")
-	c.Subscribe("s2", "chat:gone") // fails the test on an error ack
+	if snap := c.Subscribe("s2", "chat:gone"); snap.Cursor.Digest != "" { // fails the test on an error ack
+		t.Fatalf("snapshot of a deleted stream names log %q", snap.Cursor.Digest)
+	}
+	notFound(t, n.db, "chat:gone")
 	if ack := c.Publish("k0", 0, "chat:gone", `"back"`); ack.Error != nil {
 		t.Fatalf("publish: %+v", ack.Error)
 	}
+	expectMade(t, c, "s2")
 	if p := gwtest.Expect[*frames.Patch](c); p.SID != "s2" || !strings.Contains(string(p.Patches[0].Row), `"back"`) {
 		t.Fatalf("patch %+v", p)
 	}

@@ -71,10 +71,9 @@ type Server struct {
 	buildMu sync.RWMutex
 	buildID string // guarded by buildMu: the build id announced in hello (update.go)
 
-	streams sync.Map // persisted topics whose stream this node has created or found
-
-	tailMu  sync.Mutex
-	tailers map[string]*tailer // guarded by tailMu: persisted topics with local subscribers
+	tailMu    sync.Mutex
+	tailers   map[string]*tailer // guarded by tailMu: persisted topics with local subscribers
+	tailIndex sync.Map           // topic → *tailer: tailers, changed under tailMu, read without it (streamMade)
 
 	mu          sync.Mutex
 	sessions    map[*session]struct{}  // guarded by mu

@@ -108,8 +108,12 @@ func (sub *subscription) Deliver(m *fanout.Message) {
 	if kind, at, digest, ok := parseLogMark(m.Data); ok {
 		switch kind {
 		case markReplaced:
-			if sub.replay == nil || !sub.replay.holdReset() {
+			if sub.replay == nil || !sub.replay.holdReset(false) {
 				sub.logReset(digest)
+			}
+		case markCreated:
+			if sub.replay == nil || !sub.replay.holdReset(true) {
+				sub.logCreated(digest)
 			}
 		case markPruned:
 			if sub.replay == nil || !sub.replay.holdGap(at, digest) {

@@ -96,6 +96,9 @@ func (s *Server) serveCreate(w http.ResponseWriter, r *http.Request, name string
 		s.fail(w, r, err)
 		return
 	}
+	if created {
+		s.streamMade(name) // a persisted topic's subscribers may wait for it
+	}
 	h := w.Header()
 	h.Set("Content-Type", info.ContentType)
 	h.Set(hdrNextOffset, info.Tail)

@@ -1,0 +1,219 @@
+package gateway_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/syncgate/syncgate/auth"
+	"github.com/syncgate/syncgate/frames"
+	"github.com/syncgate/syncgate/gateway"
+	"github.com/syncgate/syncgate/internal/gwtest"
+	"github.com/syncgate/syncgate/storage"
+)
+
+// Persisted topics whose stream does not exist yet: a subscribe does not
+// make it (only a publish or a PUT does), and the subscriber gets the
+// stream's records once it is made, from its start, without a reset.
+
+// expectMade reads what sid gets when its topic's stream is made: a
+// snapshot with no rows at the zero offset naming the new log (no
+// X_CURSOR_EXPIRED), and returns its digest.
+func expectMade(t *testing.T, c *gwtest.Conn, sid string) string {
+	t.Helper()
+	switch f := c.Next().(type) {
+	case *frames.Snapshot:
+		if f.SID != sid || f.Cursor.LSN != storage.ZeroOffset || len(f.Rows) != 0 || !strings.HasPrefix(f.Cursor.Digest, "log:") {
+			t.Fatalf("snapshot %+v, want one for %s at %s naming the new log", f, sid, storage.ZeroOffset)
+		}
+		return f.Cursor.Digest
+	default:
+		t.Fatalf("when the stream was made: %T %+v, want a snapshot naming the log", f, f)
+		return ""
+	}
+}
+
+// notFound checks that topic has no stream in db.
+func notFound(t *testing.T, db *storage.DB, topic string) {
+	t.Helper()
+	if info, err := db.Head(context.Background(), topic); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("Head(%s) = %+v, %v; want no stream", topic, info, err)
+	}
+}
+
+// A session that may only subscribe makes no stream however many new
+// topic names it subscribes to; a publish by a writer then makes one, and
+// its subscriber gets the record, at the log's first offset, with no
+// X_CURSOR_EXPIRED.
+func TestPersisted_SubscribeMakesNoStream(t *testing.T) {
+	t.Parallel()
+	db, err := storage.Open(filepath.Join(t.TempDir(), "log.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	a := newAuthServer(t, gateway.Config{Log: db, Persist: []string{"chat:*"}}, nil, auth.Config{})
+
+	reader := gwtest.Dial(t, a.url, nil)
+	tok := sign(t, jwt.SigningMethodHS256, testSecret, a.claims("reader", time.Hour, auth.TopicClaims{Subscribe: []string{"chat:*"}}))
+	if _, ack := helloWith(reader, tok); ack != nil {
+		t.Fatalf("reader hello: %+v", ack)
+	}
+	const n = 50
+	for i := range n {
+		snap := reader.Subscribe(fmt.Sprint("s", i), fmt.Sprint("chat:new", i))
+		if snap.Cursor.LSN != storage.ZeroOffset || snap.Cursor.Digest != "" {
+			t.Fatalf("snapshot of a topic with no stream: %+v, want %s with no digest", snap.Cursor, storage.ZeroOffset)
+		}
+	}
+	for i := range n {
+		notFound(t, db, fmt.Sprint("chat:new", i))
+	}
+	// Nor may it make one by publishing.
+	if ack := reader.Publish("k", 0, "chat:new7", `"no"`); ack.Error == nil || ack.Error.Code != frames.CodeForbidden {
+		t.Fatalf("publish without the grant: %+v", ack)
+	}
+	notFound(t, db, "chat:new7")
+
+	writer := gwtest.Dial(t, a.url, nil)
+	wtok := sign(t, jwt.SigningMethodHS256, testSecret, a.claims("writer", time.Hour, auth.TopicClaims{Publish: []string{"chat:*"}}))
+	if _, ack := helloWith(writer, wtok); ack != nil {
+		t.Fatalf("writer hello: %+v", ack)
+	}
+	ack := writer.Publish("k0", 0, "chat:new7", `{"text":"first"}`)
+	if ack.Error != nil || ack.LSN == nil || *ack.LSN != storage.FormatOffset(1) {
+		t.Fatalf("first publish: %+v, want the log's first offset", ack)
+	}
+	digest := expectMade(t, reader, "s7")
+	ops := collect(t, reader, "s7", 1)
+	if ops[0].LSN != *ack.LSN || rowData(t, ops[0]) != `{"text":"first"}` {
+		t.Fatalf("patch %+v for ack %s", ops[0], *ack.LSN)
+	}
+	info, err := db.Head(context.Background(), "chat:new7")
+	if want := "log:" + strconv.FormatUint(info.ID, 36) + "." + strconv.FormatInt(info.CreatedAt.UnixNano(), 36); err != nil || digest != want {
+		t.Fatalf("Head after the publish: %+v, %v; snapshot digest %q, want %q", info, err, digest, want)
+	}
+	// The others still have none; the next publish arrives as a plain patch.
+	for i := range n {
+		if i != 7 {
+			notFound(t, db, fmt.Sprint("chat:new", i))
+		}
+	}
+	ack = writer.Publish("k1", 1, "chat:new7", `2`)
+	if ops := collect(t, reader, "s7", 1); ack.Error != nil || ops[0].LSN != *ack.LSN {
+		t.Fatalf("second publish %+v arrived as %+v", ack, ops)
+	}
+	if m := scrape(t, a.ts.URL); !strings.Contains(m, `syncgate_resumes_total{outcome="expired"} 0`) {
+		t.Fatalf("a reset was counted:\n%s", grepLines(m, "syncgate_resumes_total"))
+	}
+}
+
+// A stream made over HTTP (PUT with records) while a topic has
+// subscribers but no stream reaches them at once, from its first record;
+// a resume from the cursor they had before it existed (the zero offset, no
+// digest) replays it from its start, and a resume from the cursor they
+// have now continues.
+func TestPersisted_MadeOverHTTPWhileSubscribed(t *testing.T) {
+	t.Parallel()
+	n := startPersistNode(t, t.TempDir())
+	const topic = "chat:later"
+	live := gwtest.Dial(t, n.url, nil)
+	live.Hello("", 0)
+	before := live.Subscribe("l", topic).Cursor
+	notFound(t, n.db, topic)
+
+	streamRequest(t, n, http.MethodPut, topic, `[{"a":1},{"a":2}]`)
+	digest := expectMade(t, live, "l")
+	ops := collect(t, live, "l", 2)
+	for i, op := range ops {
+		if want := fmt.Sprintf(`{"a":%d}`, i+1); op.LSN != storage.FormatOffset(uint64(i+1)) || rowData(t, op) != want {
+			t.Fatalf("record %d arrived as %s at %s, want %s at %s", i, rowData(t, op), op.LSN, want, storage.FormatOffset(uint64(i+1)))
+		}
+	}
+
+	// The cursor from before the stream: resumed at its start.
+	r := gwtest.Dial(t, n.url, nil)
+	r.Hello("", 0)
+	r.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "r", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic, Cursor: &before}})
+	if ack := gwtest.Expect[*frames.Ack](r); ack.Ref != "r" || ack.Error != nil {
+		t.Fatalf("resume from before the stream: %+v", ack)
+	}
+	if s := gwtest.Expect[*frames.Snapshot](r); s.Cursor.LSN != storage.ZeroOffset || s.Cursor.Digest != digest {
+		t.Fatalf("resume snapshot %+v, want the new log's start (%s)", s.Cursor, digest)
+	}
+	if got := collect(t, r, "r", 2); got[0].LSN != ops[0].LSN || got[1].LSN != ops[1].LSN {
+		t.Fatalf("replayed %+v, want %+v", got, ops)
+	}
+
+	// The cursor the live subscriber has now (its last patch, the new
+	// log's digest): resumed after it.
+	now := frames.Cursor{QID: "topic:" + topic, LSN: ops[1].LSN, Digest: digest, IDs: []string{}, At: 1}
+	r2 := gwtest.Dial(t, n.url, nil)
+	r2.Hello("", 0)
+	r2.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "r", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic, Cursor: &now}})
+	if ack := gwtest.Expect[*frames.Ack](r2); ack.Error != nil {
+		t.Fatalf("resume: %+v", ack)
+	}
+	if s := gwtest.Expect[*frames.Snapshot](r2); s.Cursor.LSN != ops[1].LSN || s.Cursor.Digest != digest {
+		t.Fatalf("resume snapshot %+v", s.Cursor)
+	}
+	streamRequest(t, n, http.MethodPost, topic, `{"a":3}`)
+	for _, c := range []*gwtest.Conn{live, r, r2} {
+		sid := map[*gwtest.Conn]string{live: "l", r: "r", r2: "r"}[c]
+		if op := collect(t, c, sid, 1)[0]; op.LSN != storage.FormatOffset(3) || rowData(t, op) != `{"a":3}` {
+			t.Fatalf("%s: third record %+v", sid, op)
+		}
+	}
+}
+
+// A subscription that resumes while its topic has no stream is answered
+// from the zero offset (resumed, or expired for an offset that cannot be
+// in a stream that does not exist), and gets the stream's first record
+// when a publish makes it.
+func TestPersisted_ResumeBeforeTheStream(t *testing.T) {
+	t.Parallel()
+	n := startPersistNode(t, t.TempDir())
+	c := gwtest.Dial(t, n.url, nil)
+	c.Hello("", 0)
+	resume(t, c, "z", "chat:z", storage.ZeroOffset)
+	sendResume(c, "x", "chat:x", storage.FormatOffset(5))
+	if ack := gwtest.Expect[*frames.Ack](c); ack.Ref != "x" || ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
+		t.Fatalf("resume at an offset of no stream: %+v", ack)
+	}
+	if s := gwtest.Expect[*frames.Snapshot](c); s.SID != "x" || s.Cursor.LSN != storage.ZeroOffset || s.Cursor.Digest != "" {
+		t.Fatalf("resume at an offset of no stream: snapshot %+v", s)
+	}
+	notFound(t, n.db, "chat:z")
+	notFound(t, n.db, "chat:x")
+
+	pub := gwtest.Dial(t, n.url, nil)
+	pub.Hello("w", 0)
+	for i, topic := range []string{"chat:z", "chat:x"} {
+		ack := pub.Publish(fmt.Sprint("k", i), int64(i), topic, `"hi"`)
+		if ack.Error != nil {
+			t.Fatalf("publish to %s: %+v", topic, ack.Error)
+		}
+		sid := strings.TrimPrefix(topic, "chat:")
+		expectMade(t, c, sid)
+		if op := collect(t, c, sid, 1)[0]; op.LSN != *ack.LSN || op.LSN != storage.FormatOffset(1) {
+			t.Fatalf("%s: %+v for ack %s", topic, op, *ack.LSN)
+		}
+	}
+}
+
+// makeStream makes topic's JSON stream in db, as a publish or a PUT would:
+// a subscribe does not.
+func makeStream(t *testing.T, db *storage.DB, topic string) {
+	t.Helper()
+	if _, _, err := db.Create(context.Background(), topic, storage.CreateOptions{ContentType: "application/json"}); err != nil {
+		t.Fatal(err)
+	}
+}
