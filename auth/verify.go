@@ -83,6 +83,7 @@ type Verifier struct {
 	algs     []string // accepted algorithms, in the order HS256, RS256, ES256
 	maxBytes int
 	parser   *jwt.Parser
+	now      func() time.Time
 }
 
 // Identity is what a verified token says about its bearer.
@@ -180,6 +181,7 @@ func New(cfg Config) (*Verifier, error) {
 	if now == nil {
 		now = time.Now
 	}
+	v.now = now
 	opts := []jwt.ParserOption{
 		jwt.WithValidMethods(v.algs),
 		jwt.WithExpirationRequired(),
@@ -203,6 +205,11 @@ type KeyInfo struct {
 	Alg string // HS256, RS256 or ES256
 	KID string // "" when the key has none
 }
+
+// Now is the time by the Verifier's clock (Config.Now), the one Verify
+// compares exp with: a caller that keeps verified identities for a while
+// tells their expiry by it.
+func (v *Verifier) Now() time.Time { return v.now() }
 
 // Keys lists the configured keys: the secret (if any) first, then the
 // public keys in file order.

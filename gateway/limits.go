@@ -176,8 +176,11 @@ func (c *counter) release(key string) {
 // proxy that terminates TCP it is the proxy's (docs/security.md). An
 // IPv4 address is itself (also when written IPv4-mapped); an IPv6 address
 // counts by its /64, since a host usually has a whole /64 and could use a
-// new address per connection. Anything else (a Unix socket's peer) is its
-// own key.
+// new address per connection, except where a translator writes IPv4
+// clients as IPv6 addresses (NAT64, SIIT): in the well-known /96 prefixes
+// the client is the IPv4 address in the low 32 bits, and in the local-use
+// 64:ff9b:1::/48 (whose embedding the operator chooses) the whole address.
+// Anything else (a Unix socket's peer) is its own key.
 func clientIP(remoteAddr string) string {
 	h, _, err := net.SplitHostPort(remoteAddr)
 	if err != nil {
@@ -189,10 +192,22 @@ func clientIP(remoteAddr string) string {
 		return h
 	case a.Is4In6():
 		return a.Unmap().String()
+	case nat64WellKnown.Contains(a), siitTranslated.Contains(a):
+		b := a.As16()
+		return netip.AddrFrom4([4]byte(b[12:])).String()
+	case nat64Local.Contains(a):
+		return a.WithZone("").String()
 	}
 	p, _ := a.Prefix(64) // cannot fail for 64 bits of an IPv6 address; drops a zone
 	return p.String()
 }
+
+// Prefixes under which translators write IPv4 clients as IPv6 addresses.
+var (
+	nat64WellKnown = netip.MustParsePrefix("64:ff9b::/96")    // RFC 6052
+	nat64Local     = netip.MustParsePrefix("64:ff9b:1::/48")  // RFC 8215
+	siitTranslated = netip.MustParsePrefix("::ffff:0:0:0/96") // RFC 2765's IPv4-translated form
+)
 
 func formatRate(r float64) string { return strconv.FormatFloat(r, 'g', -1, 64) }
 

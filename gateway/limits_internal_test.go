@@ -122,8 +122,12 @@ func TestClientIP(t *testing.T) {
 		{"[2001:db8:1:2:ffff::1]:1", "2001:db8:1:2::/64"},
 		{"[2001:db8:1:3::1]:1", "2001:db8:1:3::/64"},
 		{"[fe80::1%eth0]:1", "fe80::/64"},
-		{"192.0.2.7", "192.0.2.7"}, // no port
-		{"@", "@"},                 // a Unix socket's peer
+		{"[64:ff9b::c000:207]:1", "192.0.2.7"},                    // NAT64, well-known prefix
+		{"[64:ff9b::c000:208]:1", "192.0.2.8"},                    // another IPv4 client behind it
+		{"[::ffff:0:c000:207]:1", "192.0.2.7"},                    // SIIT's IPv4-translated form
+		{"[64:ff9b:1:0:0:1:c000:207]:1", "64:ff9b:1::1:c000:207"}, // local-use NAT64: the whole address
+		{"192.0.2.7", "192.0.2.7"},                                // no port
+		{"@", "@"},                                                // a Unix socket's peer
 		{"", ""},
 	} {
 		if got := clientIP(tc.addr); got != tc.want {

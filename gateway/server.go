@@ -116,10 +116,11 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Verifier != nil {
 		s.httpWriters = newWriterLimits(cfg.FrameRate, cfg.FrameBurst)
 		s.badTokens = newBadTokenBudget(cfg.BadTokenRate, cfg.BadTokenBurst, maxBadTokenAddrs)
-		if _, ok := cfg.Verifier.(*auth.Verifier); ok {
-			// Immutable: what it verified stays verified until exp.
-			// Another TokenVerifier may revoke, so it decides each time.
-			s.tokens = newTokenCache(maxCachedTokens)
+		if v, ok := cfg.Verifier.(*auth.Verifier); ok {
+			// Immutable: what it verified stays verified until exp (by
+			// its clock). Another TokenVerifier may revoke, so it
+			// decides each time.
+			s.tokens = newTokenCache(maxCachedTokens, v.Now)
 		}
 	}
 	// The budget gets a source of its own, drawn from cfg.Rand, so a

@@ -235,12 +235,12 @@ func (s *Server) authorizeStream(h http.Header, r *http.Request, name string) (*
 // h, and its token is not checked. A refused token is a 401 with its
 // challenge set in h.
 func (s *Server) verifyStreamToken(h http.Header, r *http.Request, v TokenVerifier, token string) (*auth.Identity, *requestError) {
-	if id, ok := s.tokens.get(token, s.cfg.Now()); ok {
+	if id, ok := s.tokens.get(token); ok {
 		return id, nil
 	}
 	id, rerr := s.checkStreamToken(h, r, v, token)
 	if rerr == nil {
-		s.tokens.put(token, id, s.cfg.Now())
+		s.tokens.put(token, id)
 	}
 	return id, rerr
 }

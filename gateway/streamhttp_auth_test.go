@@ -450,6 +450,29 @@ func TestStreamHTTP_VerifiedTokensPassASpentBudget(t *testing.T) {
 	s.do(t, "GET", p, seen, "").want(t, 429)
 }
 
+// TestStreamHTTP_TokenCacheKeepsTheVerifiersTime: a remembered token
+// stops being served at its exp by the verifier's clock, the one Verify
+// judges it by, not the gateway's (which the stream test server freezes).
+func TestStreamHTTP_TokenCacheKeepsTheVerifiersTime(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{t: time.Now()}
+	v, err := auth.New(auth.Config{Secret: testSecret, Now: clock.Now, Leeway: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStreamServer(t, gateway.Config{Verifier: v})
+	bearer := hdr("Authorization", "Bearer "+sign(t, jwt.SigningMethodHS256, testSecret, auth.Claims{
+		RegisteredClaims: jwt.RegisteredClaims{Subject: "u", ExpiresAt: jwt.NewNumericDate(clock.Now().Add(time.Minute))},
+		Topics:           auth.TopicClaims{Subscribe: []string{"**"}, Manage: []string{"**"}}}))
+	const p = "/v1/stream/s"
+	h := bearer.Clone()
+	h.Set("Content-Type", "text/plain")
+	s.do(t, "PUT", p, h, "").want(t, 201)
+	s.do(t, "GET", p, bearer, "").want(t, 200)
+	clock.Advance(time.Hour)
+	s.do(t, "GET", p, bearer, "").want(t, 401)
+}
+
 // TestStreamHTTP_BadTokenChecksUnderWay: a token check under way holds
 // its address's token until it ends, so requests sent at once cannot
 // start more checks than the bucket could pay for: with a burst of two

@@ -26,7 +26,8 @@ import (
 // order) until an eighth is free: a miss costs only the check the
 // cache would have saved.
 type tokenCache struct {
-	max int // static: the most entries kept
+	max int              // static: the most entries kept
+	now func() time.Time // static: the verifier's clock, which Verify compares exp with
 
 	mu sync.Mutex
 	m  map[[sha256.Size]byte]*auth.Identity // guarded by mu
@@ -37,16 +38,19 @@ type tokenCache struct {
 // few hundred bytes for the usual token, so a few MiB at most.
 const maxCachedTokens = 1 << 14
 
-func newTokenCache(max int) *tokenCache {
-	return &tokenCache{max: max, m: map[[sha256.Size]byte]*auth.Identity{}}
+// newTokenCache returns a cache of at most max tokens whose expiry is
+// told by now, the verifier's clock.
+func newTokenCache(max int, now func() time.Time) *tokenCache {
+	return &tokenCache{max: max, now: now, m: map[[sha256.Size]byte]*auth.Identity{}}
 }
 
 // get returns token's identity if it was verified and has not reached
-// its exp at now. A nil cache has nothing.
-func (c *tokenCache) get(token string, now time.Time) (*auth.Identity, bool) {
+// its exp. A nil cache has nothing.
+func (c *tokenCache) get(token string) (*auth.Identity, bool) {
 	if c == nil {
 		return nil, false
 	}
+	now := c.now()
 	k := sha256.Sum256([]byte(token))
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -62,10 +66,14 @@ func (c *tokenCache) get(token string, now time.Time) (*auth.Identity, bool) {
 }
 
 // put records that token verified as id, unless id has reached its exp
-// at now (Verify's leeway let it through: not worth keeping). A nil
-// cache keeps nothing.
-func (c *tokenCache) put(token string, id *auth.Identity, now time.Time) {
-	if c == nil || !now.Before(id.Expires) {
+// (Verify's leeway let it through: not worth keeping). A nil cache keeps
+// nothing.
+func (c *tokenCache) put(token string, id *auth.Identity) {
+	if c == nil {
+		return
+	}
+	now := c.now()
+	if !now.Before(id.Expires) {
 		return
 	}
 	k := sha256.Sum256([]byte(token))
