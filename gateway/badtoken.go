@@ -26,9 +26,8 @@ import (
 // checks under way, so many requests sent at once (HTTP/2 streams, many
 // connections) cannot start more checks than the bucket could pay for.
 //
-// An address is keyed as clientIP gives it (the TCP peer: behind a
-// proxy, the proxy's), except that an IPv6 address counts by its /64: a
-// host usually has a whole /64 and could use a new address per request.
+// An address is keyed as clientIP gives it, as for MaxSessionsPerIP: the
+// TCP peer (behind a proxy, the proxy's), an IPv6 one by its /64.
 //
 // The table holds the addresses with a check under way or a bucket not
 // yet refilled (a full bucket is the same as none): an entry goes when

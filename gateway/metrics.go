@@ -58,6 +58,8 @@ type metrics struct {
 	framesRateLimited prometheus.Counter
 	httpRateLimited   prometheus.Counter
 	httpTokensLimited prometheus.Counter
+	liveReads         prometheus.Gauge
+	liveReadsRefused  map[string]prometheus.Counter // by reason: rejectPerIP, rejectPerActor, rejectMaxSessions
 	errorsByCode      *prometheus.CounterVec
 	bytesIn           prometheus.Counter
 	bytesOut          prometheus.Counter
@@ -109,6 +111,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		}),
 		httpTokensLimited: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "syncgate_http_tokens_rate_limited_total", Help: "Durable Streams HTTP requests refused with 429, their token unchecked, because their client address had spent its budget of refused tokens.",
+		}),
+		liveReads: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "syncgate_http_live_reads", Help: "Durable Streams HTTP live reads (long-poll, SSE) open; each holds a place under the session caps.",
 		}),
 		errorsByCode: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "syncgate_error_acks_total", Help: "Error acks sent, by error code.",
@@ -205,6 +210,14 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	for r, name := range forgetReasons {
 		m.producersForgotten[r] = forgotten.WithLabelValues(name)
 	}
+	liveRefused := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "syncgate_http_live_reads_refused_total", Help: "Durable Streams HTTP live reads refused for the session caps, by reason (per_ip, per_actor: 429; max_sessions: 503).",
+	}, []string{"reason"})
+	m.liveReadsRefused = map[string]prometheus.Counter{}
+	for _, r := range []string{rejectPerIP, rejectPerActor, rejectMaxSessions} {
+		m.liveReadsRefused[r] = liveRefused.WithLabelValues(r)
+	}
+	reg.MustRegister(m.liveReads, liveRefused)
 	reg.MustRegister(m.sessions, m.accepted, rejected, m.draining, framesIn, framesOut, m.badFrames, m.framesRateLimited, m.httpRateLimited, m.httpTokensLimited,
 		m.errorsByCode, m.bytesIn, m.bytesOut, m.messagesOut, drops, closes, m.deliveryLatency, m.publishes, m.writeDelay, m.overloadTicks, m.writesBlocked, m.writerStalls,
 		m.tailers, m.replayed, resumes, m.tokenRefreshes)

@@ -75,14 +75,15 @@ type Server struct {
 	tailers   map[string]*tailer // guarded by tailMu: persisted topics with local subscribers
 	tailIndex sync.Map           // topic → *tailer: tailers, changed under tailMu, read without it (streamMade)
 
-	mu          sync.Mutex
-	sessions    map[*session]struct{}  // guarded by mu
-	refusals    map[*corkConn]struct{} // guarded by mu: refused connections saying reconnect (sayReconnect)
-	cutting     bool                   // guarded by mu: Shutdown's ctx ended; refusals are cut
-	refusing    atomic.Int32           // refusals under way (accept.go, maxRefusing)
-	refusalWait time.Duration          // how long a refusal waits for the client's close; refusalCloseWait but in tests
-	drain       *drainRun              // guarded by mu: nil until Drain starts
-	wg          sync.WaitGroup         // session handlers, refusals, the sweeper, the drain
+	refusalWait time.Duration // static: how long a refusal waits for the client's close; refusalCloseWait but in tests
+
+	mu       sync.Mutex
+	sessions map[*session]struct{}  // guarded by mu
+	refusals map[*corkConn]struct{} // guarded by mu: refused connections saying reconnect (sayReconnect)
+	cutting  bool                   // guarded by mu: Shutdown's ctx ended; refusals are cut
+	refusing atomic.Int32           // refusals under way (accept.go, maxRefusing)
+	drain    *drainRun              // guarded by mu: nil until Drain starts
+	wg       sync.WaitGroup         // session handlers, refusals, the sweeper, the drain
 }
 
 // New returns a Server for cfg (see [Config] for defaults).

@@ -263,10 +263,16 @@ func TestStreamHTTP_LiveReadsShareTheNodeCap(t *testing.T) {
 		t.Errorf("Retry-After = %q, want 1-10 s", r.header.Get("Retry-After"))
 	}
 	s.do(t, "GET", p+"?offset=-1", nil, "").want(t, 200).wantBody(t, "a")
+	if got := metricValue(t, scrape(t, s.base), `syncgate_http_live_reads_refused_total{reason="max_sessions"}`); got != 1 {
+		t.Errorf("live reads refused for max_sessions = %v, want 1", got)
+	}
 	ws.Close()
 	gwtest.Eventually(t, gwtest.Timeout, "the session's place freed for a long-poll", func() bool {
 		r, err := s.try("GET", p+"?offset=now&live=long-poll", nil, "")
 		return err == nil && r.status == 204
+	})
+	gwtest.Eventually(t, gwtest.Timeout, "no live read counted once the long-polls ended", func() bool {
+		return metricValue(t, scrape(t, s.base), "syncgate_http_live_reads") == 0
 	})
 	gwtest.Eventually(t, gwtest.Timeout, "the long-poll's place freed for a session", func() bool {
 		ws := gwtest.Dial(t, gwtest.WSURL(s.base), nil)
@@ -302,6 +308,9 @@ func TestStreamHTTP_LiveReadsShareTheActorCap(t *testing.T) {
 	}
 	s.do(t, "GET", p+"?offset=now&live=long-poll", bearer, "").want(t, 429).wantHeader(t, "Retry-After", "1")
 	s.do(t, "GET", p+"?offset=-1", bearer, "").want(t, 200).wantBody(t, "a")
+	if got := metricValue(t, scrape(t, s.base), `syncgate_http_live_reads_refused_total{reason="per_actor"}`); got != 1 {
+		t.Errorf("live reads refused for per_actor = %v, want 1", got)
+	}
 	ws.Close()
 	gwtest.Eventually(t, gwtest.Timeout, "the session's slot freed for a long-poll", func() bool {
 		r, err := s.try("GET", p+"?offset=now&live=long-poll", bearer, "")

@@ -200,18 +200,22 @@ func (s *Server) serveRead(w http.ResponseWriter, r *http.Request, name string, 
 func (s *Server) holdLiveRead(r *http.Request, id *auth.Identity) (release func(), after time.Duration, err *requestError) {
 	ip := clientIP(r.RemoteAddr)
 	if !s.perIP.acquire(ip) {
+		s.metrics.liveReadsRefused[rejectPerIP].Inc()
 		return nil, time.Second, s.tooManyLive(fmt.Sprintf("this address already has %d sessions and live reads open, the limit", s.perIP.max))
 	}
 	if id != nil && !s.perActor.acquire(id.ActorID) {
 		s.perIP.release(ip)
+		s.metrics.liveReadsRefused[rejectPerActor].Inc()
 		return nil, time.Second, s.tooManyLive(fmt.Sprintf("this token's sub already has %d sessions and live reads open, the limit", s.perActor.max))
 	}
 	if !s.budget.hold() {
 		s.releaseLiveRead(ip, id)
+		s.metrics.liveReadsRefused[rejectMaxSessions].Inc()
 		return nil, s.budget.jitter(fullDelayMin, fullDelayMax), &requestError{http.StatusServiceUnavailable,
 			fmt.Sprintf("node full: %d sessions and live reads open, its limit; retry after the Retry-After delay, or read without live (catch-up reads are not counted)", s.budget.max)}
 	}
-	return func() { s.budget.release(); s.releaseLiveRead(ip, id) }, 0, nil
+	s.metrics.liveReads.Inc()
+	return func() { s.metrics.liveReads.Dec(); s.budget.release(); s.releaseLiveRead(ip, id) }, 0, nil
 }
 
 // releaseLiveRead gives back the per-address and per-actor places of a

@@ -35,7 +35,7 @@ func TestTokenCache_Bounded(t *testing.T) {
 		t.Fatalf("%d entries after the expired went, want 33", len(c.m))
 	}
 	for i := 1; i < 64; i += 2 {
-		if _, ok := c.get("t"+strconv.Itoa(i)); !ok {
+		if _, ok := c.get("t" + strconv.Itoa(i)); !ok {
 			t.Fatalf("unexpired entry t%d was dropped", i)
 		}
 	}
