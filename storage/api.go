@@ -126,6 +126,10 @@ type Info struct {
 //     [AppendResult].Duplicate), Seq == lastSeq+1 is admitted, a larger Seq
 //     is KindGap naming the expected and received seq.
 //
+// A producer idle longer than [Options].ProducerTTL, or forgotten to keep
+// its stream within [Options].MaxProducersPerStream, is an unknown ID
+// again.
+//
 // AllowGap relaxes the "must be 0" and "must be lastSeq+1" rules to
 // "greater than lastSeq" (any Seq for an unknown ID or a new epoch). The
 // WebSocket door uses it: one client's mutate seqs span all topics, so

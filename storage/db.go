@@ -53,6 +53,18 @@ type Options struct {
 	// days.
 	ProducerTTL time.Duration
 
+	// MaxProducersPerStream bounds the producer states one stream keeps
+	// (each distinct Producer.ID is one, until ProducerTTL). A commit
+	// that takes a stream past it forgets the stream's least recently
+	// used states, by their last admitted append as ProducerTTL counts,
+	// down to nine tenths of the bound, so the next such commit is a
+	// tenth of the bound's new producers away. A forgotten producer is
+	// treated as one whose ProducerTTL ran out. A commit never forgets
+	// the producers it admits itself, so a single commit of many new
+	// producers may leave a stream over the bound until the next one.
+	// Zero means 10,000; negative means no bound.
+	MaxProducersPerStream int
+
 	// Logger receives maintenance and failure logs. Nil discards.
 	Logger *slog.Logger
 
@@ -77,6 +89,7 @@ const (
 	defaultMaintenance    = 5 * time.Second
 	defaultPruneBatch     = 500
 	defaultProducerTTL    = 7 * 24 * time.Hour
+	defaultMaxProducers   = 10000
 	defaultCompactMin     = 64 << 20
 	defaultReadBytes      = 1 << 20
 )
@@ -86,7 +99,7 @@ var (
 	bucketNames = []byte("names") // stream name → id (8 bytes)
 	bucketMeta  = []byte("meta")  // id → meta (JSON); its sequence allocates ids
 	bucketRecs  = []byte("recs")  // id → bucket: position (8 bytes BE) → record value
-	bucketProds = []byte("prods") // id → bucket: producer id → prodState
+	bucketProds = []byte("prods") // id → bucket: producer id → prodState; the bucket's sequence counts them (producers.go)
 	bucketDead  = []byte("dead")  // id → empty: removed streams whose buckets are still to clear
 )
 
@@ -147,6 +160,9 @@ func Open(path string, opts *Options) (*DB, error) {
 	}
 	if o.ProducerTTL <= 0 {
 		o.ProducerTTL = defaultProducerTTL
+	}
+	if o.MaxProducersPerStream == 0 {
+		o.MaxProducersPerStream = defaultMaxProducers
 	}
 	if o.metaCacheSize <= 0 {
 		o.metaCacheSize = maxCachedMetas

@@ -67,3 +67,22 @@ func (db *DB) CachedProducersForTest(name string) int {
 	}
 	return 0
 }
+
+// ProducerStatesForTest returns how many producer states the file holds
+// for stream name, and the count its producer bucket keeps of them (0:
+// not counted; see producers.go).
+func (db *DB) ProducerStatesForTest(name string) (states int, count uint64, err error) {
+	err = db.bolt.View(func(tx *bolt.Tx) error {
+		id := tx.Bucket(bucketNames).Get([]byte(name))
+		if id == nil {
+			return ErrNotFound
+		}
+		pb := tx.Bucket(bucketProds).Bucket(id)
+		if pb == nil {
+			return nil
+		}
+		states, count = int(countKeys(pb)), pb.Sequence()
+		return nil
+	})
+	return states, count, err
+}

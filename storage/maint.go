@@ -177,7 +177,8 @@ func (b *batch1) prune(ws *wstream) (int, error) {
 }
 
 // expireProducers deletes ws's producers idle for longer than ProducerTTL,
-// at most PruneBatch.
+// at most PruneBatch, and keeps the bucket's count of them (producers.go)
+// right: exact when the walk saw every key.
 func (b *batch1) expireProducers(ws *wstream) (int, error) {
 	pb := b.prods.Bucket(key8(ws.m.ID))
 	if pb == nil {
@@ -185,8 +186,11 @@ func (b *batch1) expireProducers(ws *wstream) (int, error) {
 	}
 	limit := b.nowNs - int64(b.db.opts.ProducerTTL)
 	var keys [][]byte
+	var seen uint64
 	c := pb.Cursor()
-	for k, v := c.First(); k != nil && len(keys) < b.db.opts.PruneBatch; k, v = c.Next() {
+	k, v := c.First()
+	for ; k != nil && len(keys) < b.db.opts.PruneBatch; k, v = c.Next() {
+		seen++
 		if pe, ok := ws.prods[string(k)]; ok && pe.dirty {
 			continue
 		}
@@ -195,11 +199,23 @@ func (b *batch1) expireProducers(ws *wstream) (int, error) {
 			keys = append(keys, append([]byte(nil), k...))
 		}
 	}
+	n, was := pb.Sequence(), pb.Sequence()
+	switch {
+	case k == nil: // every key seen
+		n = seen - uint64(len(keys))
+	case n != 0:
+		n -= min(n, uint64(len(keys)))
+	}
 	for _, k := range keys {
 		if err := pb.Delete(k); err != nil {
 			return 0, err
 		}
 		delete(ws.prods, string(k))
+	}
+	if n != was {
+		if err := pb.SetSequence(n); err != nil {
+			return 0, err
+		}
 	}
 	return len(keys), nil
 }

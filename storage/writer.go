@@ -172,6 +172,11 @@ func (db *DB) commit(batch []*request) {
 		}
 		db.mu.Unlock()
 	}
+	// At most one line per stream per tenth of the bound's new producers.
+	for _, e := range b.evicted {
+		db.log.Warn("storage: stream over its producer bound; least recently used producer states forgotten",
+			"stream", e.name, "forgotten", e.n, "max_producers_per_stream", db.opts.MaxProducersPerStream)
+	}
 	db.wake(b.notify)
 	for _, r := range batch {
 		r.answer()
@@ -204,6 +209,7 @@ type batch1 struct {
 	notify    []uint64
 	persisted map[uint64]int64 // read-access times written to meta
 	ups       []cacheUpdate    // for the read cache after commit
+	evicted   []eviction       // producer states forgotten for the bound (producers.go), logged after commit
 	arena     []byte
 	scratch   []byte
 }
@@ -224,7 +230,8 @@ type wstream struct {
 // prodEntry is a producer's state as the writer knows it.
 type prodEntry struct {
 	st     prodState
-	exists bool // stored (perhaps expired)
+	exists bool // known: stored, perhaps expired (not after it was forgotten on use)
+	stored bool // its key is in the stream's producer bucket, or will be at this transaction's flush
 	dirty  bool // changed in this transaction
 }
 
@@ -352,7 +359,7 @@ func (b *batch1) producer(ws *wstream, pid string) (*prodEntry, error) {
 			if err := decodeProd(v, &pe.st); err != nil {
 				return nil, err
 			}
-			pe.exists = true
+			pe.exists, pe.stored = true, true
 		}
 	}
 	ws.prods[pid] = pe
@@ -386,6 +393,7 @@ func (b *batch1) flush() error {
 			b.ups = append(b.ups, cacheUpdate{m: mc})
 		}
 		var pb *bolt.Bucket
+		var added uint64
 		for pid, pe := range ws.prods {
 			if !pe.dirty {
 				continue
@@ -400,6 +408,15 @@ func (b *batch1) flush() error {
 			v := b.alloc(len(b.scratch))
 			copy(v, b.scratch)
 			if err := pb.Put([]byte(pid), v); err != nil {
+				return err
+			}
+			if !pe.stored {
+				pe.stored = true
+				added++
+			}
+		}
+		if added > 0 {
+			if err := b.countProducers(ws, pb, added); err != nil {
 				return err
 			}
 		}
