@@ -379,6 +379,27 @@ func TestStreamHTTP_Producer(t *testing.T) {
 	s.do(t, "GET", p, nil, "").want(t, 200).wantBody(t, "a0b0a1a10")
 }
 
+// TestStreamHTTP_ProducerBound: past the log's producer bound the least
+// recently used producer is forgotten, and its next request is answered
+// as an expired producer's: a new producer that must start at seq 0.
+func TestStreamHTTP_ProducerBound(t *testing.T) {
+	t.Parallel()
+	s := newStreamServerWith(t, gateway.Config{}, func(o *storage.Options) { o.MaxProducersPerStream = 2 })
+	const p = "/v1/stream/bound"
+	s.do(t, "PUT", p, hdr("Content-Type", "text/plain"), "").want(t, 201)
+	post := func(id, seq, body string) reply {
+		s.clock.Advance(time.Second)
+		return s.do(t, "POST", p, hdr("Content-Type", "text/plain", "Producer-Id", id, "Producer-Epoch", "0", "Producer-Seq", seq), body)
+	}
+	post("A", "0", "a0").want(t, 200)
+	post("B", "0", "b0").want(t, 200)
+	post("C", "0", "c0").want(t, 200) // three states: A, the least recently used, goes
+	post("B", "0", "dup").want(t, 204)
+	post("A", "1", "a1").want(t, 409).wantHeader(t, "Producer-Expected-Seq", "0").wantHeader(t, "Producer-Received-Seq", "1")
+	post("A", "0", "again").want(t, 200).wantHeader(t, "Producer-Seq", "0")
+	s.do(t, "GET", p, nil, "").want(t, 200).wantBody(t, "a0b0c0again")
+}
+
 func TestStreamHTTP_Close(t *testing.T) {
 	t.Parallel()
 	s := newStreamServer(t, gateway.Config{})
