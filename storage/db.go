@@ -97,7 +97,7 @@ const (
 // Bucket names.
 var (
 	bucketNames = []byte("names") // stream name → id (8 bytes)
-	bucketMeta  = []byte("meta")  // id → meta (JSON); its sequence allocates ids
+	bucketMeta  = []byte("meta")  // id → meta (binary, encodeMeta; older files JSON); its sequence allocates ids
 	bucketRecs  = []byte("recs")  // id → bucket: position (8 bytes BE) → record value
 	bucketProds = []byte("prods") // id → bucket: producer id → prodState; the bucket's sequence counts them (producers.go)
 	bucketDead  = []byte("dead")  // id → empty: removed streams whose buckets are still to clear

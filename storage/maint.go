@@ -194,8 +194,9 @@ func (b *batch1) expireProducers(ws *wstream) (int, error) {
 		if pe, ok := ws.prods[string(k)]; ok && pe.dirty {
 			continue
 		}
-		var st prodState
-		if err := decodeProd(v, &st); err != nil || st.used < limit {
+		// Only the last use matters here: prodUsed reads it without
+		// decoding the state's history (a corrupt state sorts first).
+		if prodUsed(v) < limit {
 			keys = append(keys, append([]byte(nil), k...))
 		}
 	}
