@@ -222,6 +222,13 @@ func (r *recorder) count(k client.EventKind) int {
 // a snapshot at lsn 0 of log "log:a".
 func subscribeScripted(t *testing.T, ctx context.Context, c *client.Client, sc *scriptConn, handler func(*frames.Patch)) *client.Subscription {
 	t.Helper()
+	return subscribeScriptedAt(t, ctx, c, sc, handler, "log:a")
+}
+
+// subscribeScriptedAt is subscribeScripted with the snapshot's log digest
+// ("": a topic with no stream yet).
+func subscribeScriptedAt(t *testing.T, ctx context.Context, c *client.Client, sc *scriptConn, handler func(*frames.Patch), digest string) *client.Subscription {
+	t.Helper()
 	done := make(chan *client.Subscription, 1)
 	go func() {
 		sub, err := c.Subscribe(ctx, "p:t", nil, handler)
@@ -231,7 +238,7 @@ func subscribeScripted(t *testing.T, ctx context.Context, c *client.Client, sc *
 		done <- sub
 	}()
 	add := expect[*frames.Subscribe](t, sc)
-	sc.send(t, &frames.Ack{Ref: add.SID}, topicSnapshot(add.SID, 0, "log:a"))
+	sc.send(t, &frames.Ack{Ref: add.SID}, topicSnapshot(add.SID, 0, digest))
 	sub := <-done
 	if sub == nil {
 		t.FailNow()
@@ -366,20 +373,7 @@ func TestSubscription_ResetDuringTakeOver(t *testing.T) {
 // digest.
 func TestSubscription_LogMadeWhileLive(t *testing.T) {
 	ctx, rec, c, s, sc := startScripted(t)
-	done := make(chan *client.Subscription, 1)
-	go func() {
-		sub, err := c.Subscribe(ctx, "p:t", nil, rec.handler(t))
-		if err != nil {
-			t.Errorf("subscribe: %v", err)
-		}
-		done <- sub
-	}()
-	add := expect[*frames.Subscribe](t, sc)
-	sc.send(t, &frames.Ack{Ref: add.SID}, topicSnapshot(add.SID, 0, ""))
-	sub := <-done
-	if sub == nil {
-		t.FailNow()
-	}
+	sub := subscribeScriptedAt(t, ctx, c, sc, rec.handler(t), "")
 	sid := sub.SID()
 	sc.send(t, topicSnapshot(sid, 0, "log:a"), insert(sid, 1, "first"), insert(sid, 2, "second"))
 	if got := rec.waitData(t, 2); strings.Join(got, ",") != "first,second" {
@@ -403,20 +397,7 @@ func TestSubscription_LogMadeWhileLive(t *testing.T) {
 // cursor takes its digest.
 func TestSubscription_ResumeNamesTheLog(t *testing.T) {
 	ctx, rec, c, s, sc := startScripted(t)
-	done := make(chan *client.Subscription, 1)
-	go func() {
-		sub, err := c.Subscribe(ctx, "p:t", nil, rec.handler(t))
-		if err != nil {
-			t.Errorf("subscribe: %v", err)
-		}
-		done <- sub
-	}()
-	add := expect[*frames.Subscribe](t, sc)
-	sc.send(t, &frames.Ack{Ref: add.SID}, topicSnapshot(add.SID, 0, ""))
-	sub := <-done
-	if sub == nil {
-		t.FailNow()
-	}
+	sub := subscribeScriptedAt(t, ctx, c, sc, rec.handler(t), "")
 	sc.send(t, &frames.Reconnect{AfterMs: 0, Reason: frames.ReasonDrain})
 	sc2 := s.next(t)
 	resume := expect[*frames.Subscribe](t, sc2)
