@@ -117,6 +117,12 @@ func (db *DB) metaOf(name string) (*meta, error) {
 	if m, _ := db.cache.get(name); m != nil {
 		return m, nil
 	}
+	return db.fileMeta(name)
+}
+
+// fileMeta is metaOf as of the file's latest commit, which the cache may
+// not have been told of yet.
+func (db *DB) fileMeta(name string) (*meta, error) {
 	var m *meta
 	err := db.bolt.View(func(tx *bolt.Tx) error {
 		var err error

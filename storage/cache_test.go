@@ -134,3 +134,55 @@ func checkGen(res storage.ReadResult) error {
 	}
 	return nil
 }
+
+// TestDB_WaitWhileTheCacheLags: between a commit and the read cache being
+// told of it, a Read (in its own transaction) already returns the new
+// records; a Wait after the offset that Read gave must wait for more, not
+// call it beyond the tail (which made a tailer stall a second), and must
+// be woken by the next append.
+func TestDB_WaitWhileTheCacheLags(t *testing.T) {
+	t.Parallel()
+	var armed atomic.Bool
+	held, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	free := func() { releaseOnce.Do(func() { close(release) }) }
+	o := storage.Options{NoSync: true}
+	storage.SetPublishHookForTest(&o, func() {
+		if armed.CompareAndSwap(true, false) {
+			close(held)
+			<-release
+		}
+	})
+	db := openDB(t, &o)
+	t.Cleanup(free) // before the DB's close, which waits for the writer (cleanups run last first)
+	ctx := t.Context()
+	in := mustCreate(t, db, "s", storage.CreateOptions{})
+	mustAppend(t, db, "s", storage.AppendRequest{Records: rec("a")})
+
+	armed.Store(true)
+	appended := make(chan error, 1)
+	go func() {
+		_, err := db.Append(ctx, "s", storage.AppendRequest{Records: rec("b")})
+		appended <- err
+	}()
+	<-held // committed; the cache still says the tail is "a"
+	res, err := db.Read(ctx, "s", storage.ZeroOffset, 0)
+	if err != nil || len(res.Records) != 2 {
+		t.Fatalf("Read while the cache lags: %d records, %v; want 2", len(res.Records), err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- db.WaitID(ctx, "s", res.Next, in.ID) }()
+	select {
+	case err := <-waited:
+		t.Fatalf("Wait after the Read's offset returned at once: %v", err)
+	case <-time.After(100 * time.Millisecond): // no answer: it waits, as it should
+	}
+	free()
+	if err := <-appended; err != nil {
+		t.Fatal(err)
+	}
+	mustAppend(t, db, "s", storage.AppendRequest{Records: rec("c")})
+	if err := <-waited; err != nil {
+		t.Fatalf("Wait woken by the next append: %v", err)
+	}
+}

@@ -78,6 +78,7 @@ type Options struct {
 
 	// Test seams, set through export_test.go.
 	commitHook      func() error // called inside each write tx before commit; an error fails the commit
+	publishHook     func()       // called after each commit, before the read cache learns of it
 	compactMinBytes int64        // file size from which Open compacts; default 64 MiB
 	metaCacheSize   int          // streams in the read cache; default maxCachedMetas
 }

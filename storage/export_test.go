@@ -13,6 +13,11 @@ import (
 // fsync failure cannot be produced in a test).
 func SetCommitHookForTest(o *Options, f func() error) { o.commitHook = f }
 
+// SetPublishHookForTest makes every commit call f after bbolt has
+// committed and before the read cache is told: a reader's own transaction
+// sees the commit meanwhile, the cache does not.
+func SetPublishHookForTest(o *Options, f func()) { o.publishHook = f }
+
 // SetCompactMinBytesForTest lowers the file size from which Open compacts.
 func SetCompactMinBytesForTest(o *Options, n int64) { o.compactMinBytes = n }
 

@@ -319,6 +319,14 @@ func (db *DB) WaitID(ctx context.Context, name, after string, id uint64) error {
 		if err != nil {
 			return err
 		}
+		if m != nil && pos > m.Tail {
+			// The cache is told of a commit just after it is made, and
+			// a Read in its own transaction may have seen it already:
+			// the file decides whether after is beyond the tail.
+			if m, err = db.fileMeta(name); err != nil {
+				return err
+			}
+		}
 		if id != 0 && (m == nil || m.ID != id) {
 			// Deleted (and perhaps made anew) meanwhile: the stream waited
 			// on is gone, and after is not a position in another one

@@ -159,6 +159,9 @@ func (db *DB) commit(batch []*request) {
 		}
 		return
 	}
+	if hook := db.opts.publishHook; hook != nil {
+		hook()
+	}
 	// Publish before anything can observe the commit: the access entries
 	// dropped below are in the published metas, and woken waiters and
 	// answered callers must see the commit in the cache.
