@@ -107,7 +107,7 @@ func (db *DB) Head(ctx context.Context, name string) (Info, error) {
 		if err := db.live(m, name, now); err != nil {
 			return err
 		}
-		var segBuf [4]segment
+		var segBuf [MaxForkDepth + 1]segment // the longest chain: no allocation
 		segs, err := chain(segBuf[:0], m, func(id uint64) (*meta, error) { return db.txMetaByID(tx, id) })
 		if err != nil {
 			return err
@@ -196,7 +196,7 @@ func (db *DB) Read(ctx context.Context, name, after string, maxBytes int) (ReadR
 		if m.TTL > 0 {
 			db.touchAccess(m.ID, now.UnixNano())
 		}
-		var segBuf [4]segment
+		var segBuf [MaxForkDepth + 1]segment // the longest chain: no allocation
 		segs, err := chain(segBuf[:0], m, func(id uint64) (*meta, error) { return db.txMetaByID(tx, id) })
 		if err != nil {
 			return err
