@@ -102,7 +102,8 @@
 //     duplicates. A persisted topic subscribed before its stream existed
 //     (a cursor with no digest) gets, when the stream is made, a snapshot
 //     with no X_CURSOR_EXPIRED naming the log: the cursor takes its digest
-//     and nothing is reported, as nothing was lost.
+//     and nothing is reported, as nothing was lost (also when it comes on
+//     the old connection during a take-over).
 //   - [Options.URLFor] picks each attempt's URL (e.g. [RoundRobin]), so a
 //     client can move between nodes without a load balancer.
 //   - [Options.OnEvent] reports each step ([Event]); Dial retries too, and

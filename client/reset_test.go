@@ -412,3 +412,52 @@ func TestSubscription_ResumeNamesTheLog(t *testing.T) {
 		t.Fatalf("cursor %+v, want log:a's at %s", cur, lsnOf(1))
 	}
 }
+
+// The stream made while a take-over waits for the new connection's
+// answer: the old connection, still followed, sends the snapshot naming
+// the log and its first records; the new connection then answers the
+// resume (sent from the start with no digest) naming the same log and
+// replays. The cursor names the log, not a digest-less position past the
+// start that a later resume would take as one in whatever log is there
+// then.
+func TestSubscription_LogMadeDuringTakeOver(t *testing.T) {
+	ctx, rec, c, s, sc1 := startScripted(t)
+	sub := subscribeScriptedAt(t, ctx, c, sc1, rec.handler(t), "")
+	sid := sub.SID()
+	sc1.send(t, &frames.Reconnect{AfterMs: 0, Reason: frames.ReasonDrain})
+	sc2 := s.next(t)
+	resume := expect[*frames.Subscribe](t, sc2)
+	if cur := resume.Target.Cursor; cur == nil || cur.LSN != lsnOf(0) || cur.Digest != "" {
+		t.Fatalf("resume cursor %+v, want the start with no digest", resume.Target.Cursor)
+	}
+	// The old node sees the stream made; a marker shows when the client
+	// has read it all.
+	sc1.send(t, topicSnapshot(sid, 0, "log:a"), insert(sid, 1, "first"), insert(sid, 2, "second"),
+		&frames.Ack{Ref: "marker"})
+	select {
+	case <-rec.marked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the old connection's frames were not read")
+	}
+	if cur := sub.Cursor(); cur.LSN != lsnOf(2) || cur.Digest != "log:a" {
+		t.Fatalf("cursor %+v after the old connection's frames, want log:a's at %s", cur, lsnOf(2))
+	}
+	sc2.send(t, &frames.Ack{Ref: resume.SID}, topicSnapshot(resume.SID, 0, "log:a"),
+		insert(sid, 1, "first"), insert(sid, 2, "second"), insert(sid, 3, "third"))
+	if got := rec.waitData(t, 3); strings.Join(got, ",") != "first,second,third" {
+		t.Fatalf("handler saw %v", got)
+	}
+	if cur := sub.Cursor(); cur.LSN != lsnOf(3) || cur.Digest != "log:a" {
+		t.Fatalf("cursor %+v, want log:a's at %s", cur, lsnOf(3))
+	}
+	if n := rec.count(client.EventCursorExpired); n != 0 {
+		t.Fatalf("%d EventCursorExpired, want none", n)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for _, f := range rec.frames {
+		if _, ok := f.(*frames.Snapshot); ok {
+			t.Fatalf("OnFrame got the snapshot %+v", f)
+		}
+	}
+}

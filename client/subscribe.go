@@ -246,9 +246,13 @@ func (cn *conn) handleFrameSnapshot(f *frames.Snapshot) {
 		s.reset(cn, f, takeover)
 		return
 	}
-	if ok && s.settled && s.via == cn && s.snapOn == cn {
+	if ok && s.settled && s.snapOn == cn {
 		// Unannounced, on the connection followed: a persisted topic's
-		// log made where there was none.
+		// log made where there was none. During a take-over (s.via is
+		// already the new connection) the old one is still followed
+		// until the new one answers, so its patches of the new log come
+		// after this snapshot and must find the cursor naming that log;
+		// logMade checks that cn's patches are the ones delivered.
 		c.mu.Unlock()
 		if !s.logMade(cn, f) {
 			c.onFrame(f)
