@@ -256,7 +256,13 @@ func (srv *Server) streamMade(topic string) {
 	if !ok {
 		return
 	}
-	if t := v.(*tailer); t.awaiting.Load() {
+	v.(*tailer).wake()
+}
+
+// wake makes t look for its stream at once if it waits for one. It never
+// blocks and takes no lock.
+func (t *tailer) wake() {
+	if t.awaiting.Load() {
 		select {
 		case t.made <- struct{}{}:
 		default:
@@ -746,7 +752,11 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 	// held is dropped, the log being the source of truth. A log made where
 	// there was none (adoptTail) is no loss: a client already answered at
 	// the zero offset gets the new log's digest (logCreated), one whose
-	// cursor is the zero offset is answered as resumed there.
+	// cursor is the zero offset is answered as resumed there, and one
+	// whose cursor names that very log (got from another node sharing the
+	// log, which saw it first: awaitMade) is not answered yet: the replay
+	// goes on from its cursor, as if the tailer had had the log when it
+	// subscribed.
 	onReset := func() {
 		mu.Lock()
 		r.mu.Lock()
@@ -757,6 +767,8 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 		r.mu.Unlock()
 		mu.Unlock()
 		switch {
+		case made && first && c.Digest != "" && c.Digest == cur.digest():
+			return
 		case made && !first:
 			sub.logCreated(cur.digest())
 		case made && cursor == storage.ZeroOffset:
@@ -766,18 +778,27 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 		}
 		first, after = false, storage.ZeroOffset
 	}
-	if c.Digest != "" && c.Digest != cur.digest() {
+	if c.Digest != "" && cur == (logIdent{}) && s.awaitMade(ctx, sub, c.Digest) {
+		// The cursor names a log this node's tailer has not seen yet,
+		// made elsewhere (another node sharing the log) while it waits
+		// for a stream: it has adopted it now.
+		onReset()
+	}
+	switch {
+	case !first:
+		// Answered by onReset: the tailer found another log.
+	case c.Digest != "" && c.Digest != cur.digest():
 		// A cursor of a log since deleted (and perhaps made anew, with
 		// offsets that start again): answered as a live subscriber of the
 		// old log was, and replayed from the current log's start.
 		expired("digest "+quote(c.Digest)+" names a log of topic "+quote(sub.topic)+" that was deleted; its offsets are not positions in the log there is now", storage.ZeroOffset)
 		first, after = false, storage.ZeroOffset
-	} else if after > through {
+	case after > through:
 		// The cursor may be ahead of this node's tailer but still in the
 		// log (another node, or this one's other sessions, delivered it
 		// first): wait for the tailer to pass it, then replay up to the
 		// tailer's position instead, dropping what was held meanwhile.
-		if t, ok := s.catchUp(ctx, sub, after); ok {
+		if t, ok := s.catchUp(ctx, sub, after, cur); ok {
 			through = t
 		}
 	}
@@ -904,13 +925,13 @@ const (
 	catchUpPoll = 2 * time.Millisecond
 )
 
-// catchUp handles a cursor past the tailer's published offset. If the log
-// holds the cursor's record, it waits until the tailer has published past
-// it, then restarts the replay window at the tailer's position: what was
-// held is dropped, since the replay now reads it from the log. It returns
-// the new end of the window, or false if the cursor is not in the log (or
-// the wait ran out).
-func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string) (string, bool) {
+// catchUp handles a cursor past the tailer's published offset in log cur.
+// If the log holds the cursor's record, it waits until the tailer has
+// published past it, then restarts the replay window at the tailer's
+// position: what was held is dropped, since the replay now reads it from
+// the log. It returns the new end of the window, or false if the cursor is
+// not in the log (or the wait ran out).
+func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string, cur logIdent) (string, bool) {
 	srv, r := s.srv, sub.replay
 	info, err := srv.cfg.Log.Head(ctx, sub.topic)
 	if err != nil || cursor > info.Tail {
@@ -924,7 +945,7 @@ func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string)
 	for {
 		mu.Lock()
 		r.mu.Lock()
-		if r.reset || r.tailer.log != r.log {
+		if r.reset || r.tailer.log != cur {
 			// Replaced meanwhile: published is another log's offset.
 			r.mu.Unlock()
 			mu.Unlock()
@@ -947,6 +968,36 @@ func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string)
 		case <-tick.C:
 		}
 	}
+}
+
+// awaitMade handles a cursor whose digest names a log while the topic's
+// tailer has none (it waits for a stream, looking every second for one made
+// elsewhere): if the stream there now is that log, it wakes the tailer and
+// waits until the tailer has adopted it (holdReset), so that the cursor is
+// resumed in it rather than taken for one of a deleted log. It reports
+// whether the adoption is pending for the replayer (resetPending); false
+// if the log there now is another, or the wait ran out.
+func (s *session) awaitMade(ctx context.Context, sub *subscription, digest string) bool {
+	srv, r := s.srv, sub.replay
+	info, err := srv.cfg.Log.Head(ctx, sub.topic)
+	if err != nil || storage.NormalizeContentType(info.ContentType) != "application/json" || identOf(info).digest() != digest {
+		return false
+	}
+	r.tailer.wake()
+	deadline := time.NewTimer(catchUpWait)
+	defer deadline.Stop()
+	tick := time.NewTicker(catchUpPoll)
+	defer tick.Stop()
+	for !r.resetPending() {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-deadline.C:
+			return false
+		case <-tick.C:
+		}
+	}
+	return true
 }
 
 // sendResumed answers a subscribe whose cursor resumes: the ack, then a

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -215,5 +216,96 @@ func makeStream(t *testing.T, db *storage.DB, topic string) {
 	t.Helper()
 	if _, _, err := db.Create(context.Background(), topic, storage.CreateOptions{ContentType: "application/json"}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// hiddenLog hides its streams from Head while hidden is set: a node whose
+// tailer has not looked since a stream was made elsewhere.
+type hiddenLog struct {
+	*storage.DB
+	hidden atomic.Bool
+}
+
+func (l *hiddenLog) Head(ctx context.Context, name string) (storage.Info, error) {
+	if l.hidden.Load() {
+		return storage.Info{}, storage.ErrNotFound
+	}
+	return l.DB.Head(ctx, name)
+}
+
+// Two nodes on one log. Node B has a subscriber on a topic with no
+// stream, so its tailer waits; a publish on node A makes the stream, which
+// B has not looked for yet. A client that got the records on A resumes on
+// B with a cursor naming that log: it is resumed after its cursor, not
+// told the log was deleted and sent the whole log again.
+func TestPersisted_ResumeOnAnotherNodeBeforeItSawTheStream(t *testing.T) {
+	t.Parallel()
+	db, err := storage.Open(filepath.Join(t.TempDir(), "log.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	a := newTestServer(t, gateway.Config{Log: db, Persist: []string{"chat:*"}})
+	blog := &hiddenLog{DB: db}
+	blog.hidden.Store(true)
+	b := newTestServer(t, gateway.Config{Log: blog, Persist: []string{"chat:*"}})
+	const topic = "chat:shared"
+
+	live := gwtest.Dial(t, b.url, nil)
+	live.Hello("", 0)
+	if snap := live.Subscribe("l", topic); snap.Cursor.Digest != "" {
+		t.Fatalf("snapshot on B %+v, want no log", snap.Cursor)
+	}
+	pub := gwtest.Dial(t, a.url, nil)
+	pub.Hello("p", 0)
+	var lsns []string
+	for i := range 3 {
+		ack := pub.Publish(fmt.Sprint("k", i), int64(i), topic, strconv.Itoa(i))
+		if ack.Error != nil {
+			t.Fatalf("publish %d on A: %+v", i, ack.Error)
+		}
+		lsns = append(lsns, *ack.LSN)
+	}
+	info, err := db.Head(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	digest := "log:" + strconv.FormatUint(info.ID, 36) + "." + strconv.FormatInt(info.CreatedAt.UnixNano(), 36)
+
+	// B may see the stream now; its tailer's next look is up to a second
+	// away. The client was at the second record on A.
+	blog.hidden.Store(false)
+	cursor := frames.Cursor{QID: "topic:" + topic, LSN: lsns[1], Digest: digest, IDs: []string{}, At: 1}
+	r := gwtest.Dial(t, b.url, nil)
+	r.Hello("", 0)
+	r.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "r", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic, Cursor: &cursor}})
+	if ack := gwtest.Expect[*frames.Ack](r); ack.Ref != "r" || ack.Error != nil {
+		t.Fatalf("resume on B with the cursor of the log there: ref %q, error %+v", ack.Ref, ack.Error)
+	}
+	if s := gwtest.Expect[*frames.Snapshot](r); s.Cursor.LSN != lsns[1] || s.Cursor.Digest != digest {
+		t.Fatalf("resume snapshot %+v, want %s of %s", s.Cursor, lsns[1], digest)
+	}
+	if op := collect(t, r, "r", 1)[0]; op.LSN != lsns[2] || rowData(t, op) != "2" {
+		t.Fatalf("replayed %+v, want the third record at %s", op, lsns[2])
+	}
+	ack := pub.Publish("k3", 3, topic, "3")
+	if ack.Error != nil {
+		t.Fatalf("publish 3 on A: %+v", ack.Error)
+	}
+	if op := collect(t, r, "r", 1)[0]; op.LSN != *ack.LSN {
+		t.Fatalf("live after the resume: %+v, want %s", op, *ack.LSN)
+	}
+	// The subscriber that was waiting gets the log from its start.
+	if d := expectMade(t, live, "l"); d != digest {
+		t.Fatalf("made snapshot on B names %q, want %q", d, digest)
+	}
+	lsns = append(lsns, *ack.LSN)
+	for i, op := range collect(t, live, "l", 4) {
+		if want := lsns[i]; op.LSN != want {
+			t.Fatalf("live record %d at %s, want %s", i, op.LSN, want)
+		}
+	}
+	if m := scrape(t, b.ts.URL); !strings.Contains(m, `syncgate_resumes_total{outcome="expired"} 0`) {
+		t.Fatalf("B counted an expired cursor:\n%s", grepLines(m, "syncgate_resumes_total"))
 	}
 }
