@@ -19,8 +19,8 @@ import (
 //
 // A topic whose name matches a Config.Persist pattern is the stream of the
 // same name in Config.Log (JSON mode). The stream is made by those who may
-// write it: the first publish (its append creates it) or a PUT over HTTP
-// (the manage grant); a subscribe never makes it, so a session that may
+// write it: the first publish or HTTP POST (its append creates it) or a
+// PUT over HTTP (the manage grant); a subscribe never makes it, so a session that may
 // only read cannot fill the log with empty streams. Publishing appends a
 // record {key, data, actorId, at}; the record reaches subscribers through
 // the topic's tailer, never straight from the publish, so records appended
@@ -28,8 +28,8 @@ import (
 //
 // A subscribe to a topic with no stream yet is answered as one to an empty
 // stream (a snapshot at the zero offset, with no log digest), and its
-// tailer waits for a stream to appear: woken by this node's publishes and
-// PUTs (streamMade), and looking every second for one made elsewhere. It
+// tailer waits for a stream to appear: woken by this node's publishes,
+// POSTs and PUTs (streamMade), and looking every second for one made elsewhere. It
 // then adopts the stream from its start, without a reset: its subscribers
 // had nothing after the zero offset, and the new log's offsets all come
 // after it. They get a snapshot with no rows at the zero offset carrying

@@ -309,3 +309,85 @@ func TestPersisted_ResumeOnAnotherNodeBeforeItSawTheStream(t *testing.T) {
 		t.Fatalf("B counted an expired cursor:\n%s", grepLines(m, "syncgate_resumes_total"))
 	}
 }
+
+// An HTTP append (POST, the publish grant) at a persisted topic's name
+// makes its stream, as a WebSocket publish does, and its subscribers get
+// the records at once; data that is not JSON makes none (409, as a PUT
+// there). A read of the name before then is a 404: the stream does not
+// exist.
+func TestPersisted_HTTPPostMakesTheStream(t *testing.T) {
+	t.Parallel()
+	n := startPersistNode(t, t.TempDir())
+	const topic = "chat:post"
+	url := n.ts.URL + "/v1/stream/" + topic
+	live := gwtest.Dial(t, n.url, nil)
+	live.Hello("", 0)
+	if snap := live.Subscribe("l", topic); snap.Cursor.Digest != "" {
+		t.Fatalf("snapshot %+v, want no log", snap.Cursor)
+	}
+	if code, body := httpDo(t, http.MethodGet, url, "", "", ""); code != http.StatusNotFound {
+		t.Fatalf("GET before any write: %d %s, want 404", code, body)
+	}
+	if code, body := httpDo(t, http.MethodPost, url, "", "text/plain", "hi"); code != http.StatusConflict || !strings.Contains(body, "application/json") {
+		t.Fatalf("POST text/plain: %d %s, want 409 naming application/json", code, body)
+	}
+	if code, body := httpDo(t, http.MethodPost, url, "", "application/json", "{"); code != http.StatusBadRequest {
+		t.Fatalf("POST of invalid JSON: %d %s, want 400", code, body)
+	}
+	req, err := http.NewRequest(http.MethodPost, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Stream-Closed", "true")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("close-only POST: %s, want 404 (a close makes no stream)", resp.Status)
+	}
+	notFound(t, n.db, topic)
+
+	if code, body := httpDo(t, http.MethodPost, url, "", "application/json", `[{"n":1},{"n":2}]`); code != http.StatusNoContent {
+		t.Fatalf("POST JSON: %d %s, want 204", code, body)
+	}
+	expectMade(t, live, "l")
+	for i, op := range collect(t, live, "l", 2) {
+		if want := fmt.Sprintf(`{"n":%d}`, i+1); op.LSN != storage.FormatOffset(uint64(i+1)) || rowData(t, op) != want {
+			t.Fatalf("record %d arrived as %s at %s", i, rowData(t, op), op.LSN)
+		}
+	}
+	if code, body := httpDo(t, http.MethodGet, url, "", "", ""); code != http.StatusOK || body != `[{"n":1},{"n":2}]` {
+		t.Fatalf("GET after the POST: %d %s", code, body)
+	}
+	// Other names are not made by an append.
+	if code, body := httpDo(t, http.MethodPost, n.ts.URL+"/v1/stream/notes:x", "", "application/json", `1`); code != http.StatusNotFound {
+		t.Fatalf("POST at a name that is not persisted: %d %s, want 404", code, body)
+	}
+}
+
+// With token keys, the append that makes a persisted topic's stream needs
+// the publish grant (as a WebSocket publish), not manage.
+func TestPersisted_HTTPPostMakesTheStreamWithPublish(t *testing.T) {
+	t.Parallel()
+	db, err := storage.Open(filepath.Join(t.TempDir(), "log.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	a := newAuthServer(t, gateway.Config{Log: db, Persist: []string{"chat:*"}}, nil, auth.Config{})
+	url := a.ts.URL + "/v1/stream/chat:backend"
+	reader := sign(t, jwt.SigningMethodHS256, testSecret, a.claims("reader", time.Hour, auth.TopicClaims{Subscribe: []string{"chat:*"}}))
+	if code, body := httpDo(t, http.MethodPost, url, "Bearer "+reader, "application/json", `1`); code != http.StatusForbidden {
+		t.Fatalf("POST with subscribe only: %d %s, want 403", code, body)
+	}
+	notFound(t, db, "chat:backend")
+	writer := sign(t, jwt.SigningMethodHS256, testSecret, a.claims("writer", time.Hour, auth.TopicClaims{Publish: []string{"chat:*"}}))
+	if code, body := httpDo(t, http.MethodPost, url, "Bearer "+writer, "application/json", `1`); code != http.StatusNoContent {
+		t.Fatalf("POST with publish: %d %s, want 204", code, body)
+	}
+	if info, err := db.Head(context.Background(), "chat:backend"); err != nil || info.Tail != storage.FormatOffset(1) {
+		t.Fatalf("Head after the POST: %+v, %v", info, err)
+	}
+}

@@ -233,7 +233,11 @@ func contentType(h http.Header) (string, error) {
 
 // serveAppend answers POST: an append (204, or 200 for a producer's new
 // batch), a close (Stream-Closed: true, with or without a body), or a
-// producer's retry (204, nothing written).
+// producer's retry (204, nothing written). An append with data at a
+// persisted topic's name makes its stream if there is none, as a
+// WebSocket publish to the topic does (with the same publish grant): a
+// backend may write to a topic nobody has published to yet. Data of
+// another type than JSON makes none (409, as a PUT there).
 func (s *Server) serveAppend(w http.ResponseWriter, r *http.Request, name string, id *auth.Identity) {
 	req, err := parseAppendHeaders(r.Header)
 	if err != nil {
@@ -265,10 +269,24 @@ func (s *Server) serveAppend(w http.ResponseWriter, r *http.Request, name string
 			return
 		}
 	}
+	// A persisted topic's stream is made by its first append, in the
+	// same commit, as by a WebSocket publish.
+	makes := len(req.Records) > 0 && s.persisted(name)
+	req.CreateMissing = makes && isJSON(req.ContentType)
 	res, err := s.cfg.Log.Append(r.Context(), name, req)
 	if err != nil {
+		if makes && !req.CreateMissing && errors.Is(err, storage.ErrNotFound) {
+			// WebSocket subscribers read a persisted topic's records
+			// as JSON rows: as a PUT there (serveCreate).
+			err = &requestError{http.StatusConflict, fmt.Sprintf(
+				"%q is a persisted topic (-persist): its stream must be application/json, not %q; POST it with Content-Type: application/json",
+				name, req.ContentType)}
+		}
 		s.fail(w, r, err)
 		return
+	}
+	if req.CreateMissing {
+		s.streamMade(name) // its subscribers may wait for it
 	}
 	h := w.Header()
 	h.Set(hdrNextOffset, res.Offset)
@@ -291,6 +309,9 @@ func (s *Server) serveAppend(w http.ResponseWriter, r *http.Request, name string
 func (s *Server) explainBodyError(ctx context.Context, name, ct string, bodyErr error) error {
 	info, err := s.cfg.Log.Head(ctx, name)
 	switch {
+	case errors.Is(err, storage.ErrNotFound) && s.persisted(name):
+		// A good body would have made it (serveAppend).
+		return bodyErr
 	case err != nil:
 		return err
 	case info.Closed:
