@@ -20,20 +20,24 @@ import (
 // A topic whose name matches a Config.Persist pattern is the stream of the
 // same name in Config.Log (JSON mode). The stream is made by those who may
 // write it: the first publish or HTTP POST (its append creates it) or a
-// PUT over HTTP (the manage grant); a subscribe never makes it, so a session that may
-// only read cannot fill the log with empty streams. Publishing appends a
-// record {key, data, actorId, at}; the record reaches subscribers through
-// the topic's tailer, never straight from the publish, so records appended
-// over HTTP and over WebSocket reach them alike and in log order.
+// PUT over HTTP (the manage grant); a subscribe never makes it, so a
+// session that may only read cannot fill the log with empty streams.
+// Publishing appends a record {key, data, actorId, at}; the record reaches
+// subscribers through the topic's tailer, never straight from the publish,
+// so records appended over HTTP and over WebSocket reach them alike and in
+// log order.
 //
 // A subscribe to a topic with no stream yet is answered as one to an empty
 // stream (a snapshot at the zero offset, with no log digest), and its
 // tailer waits for a stream to appear: woken by this node's publishes,
-// POSTs and PUTs (streamMade), and looking every second for one made elsewhere. It
-// then adopts the stream from its start, without a reset: its subscribers
-// had nothing after the zero offset, and the new log's offsets all come
-// after it. They get a snapshot with no rows at the zero offset carrying
-// the log's digest (a log mark of kind markCreated), then its records.
+// POSTs and PUTs (streamMade), and looking every second for one made
+// elsewhere. It then adopts the stream from its start, without a reset:
+// its subscribers had nothing after the zero offset, and the new log's
+// offsets all come after it. They get a snapshot with no rows at the zero
+// offset carrying the log's digest (a log mark of kind markCreated), then
+// its records. A stream of another content type than JSON is taken for
+// none: its records are not rows (a subscribe that finds one is refused,
+// X_BAD_TOPIC).
 //
 // One tailer runs per persisted topic with local subscribers. It waits on
 // the log, reads what is new and hands each record to the transport as an
@@ -202,17 +206,26 @@ type tailer struct {
 	// on made (capacity 1), which streamMade fills without blocking.
 	awaiting atomic.Bool
 	made     chan struct{}
+
+	// notJSON is set while the stream there is of another content type
+	// than JSON (made over HTTP on a node that does not persist the
+	// name, or before it did): the tailer takes it for no stream, and
+	// acquireTailer refuses it, as it does when it finds one itself.
+	notJSON atomic.Bool
 }
 
 // acquireTailer returns topic's tailer, starting it if needed. The caller
 // must releaseTailer it. A topic with no stream (never made, or deleted)
 // gets a tailer with none, published at the zero offset: a subscribe does
 // not make the stream (see the top of this file). One that exists must be
-// JSON.
+// JSON (errNotJSONStream).
 func (srv *Server) acquireTailer(ctx context.Context, topic string) (*tailer, error) {
 	srv.tailMu.Lock()
 	defer srv.tailMu.Unlock()
 	if t := srv.tailers[topic]; t != nil {
+		if t.notJSON.Load() {
+			return nil, errNotJSONStream
+		}
 		t.refs++
 		return t, nil
 	}
@@ -329,19 +342,33 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 	// with nothing after it. The subscribers' snapshots then carry this
 	// log's digest. A stream made and deleted again before the tailer
 	// looked is not seen at all, as one gone before they subscribed; a
-	// stream this node makes wakes the tailer at once (streamMade).
+	// stream this node makes wakes the tailer at once (streamMade). A
+	// stream of another content type than JSON is taken for none (its
+	// records are not rows): the subscribers wait for a JSON one, and are
+	// told once (warnedType) in the log, not at each look.
+	var warnedType logIdent
 	replaced := func(err error) bool {
 		if err != nil && !errors.Is(err, storage.ErrNotFound) && !errors.Is(err, storage.ErrGone) &&
 			!errors.Is(err, storage.ErrBadRequest) {
 			return false
 		}
 		info, herr := srv.cfg.Log.Head(ctx, t.topic)
+		notJSON := false
 		switch {
 		case errors.Is(herr, storage.ErrNotFound) || errors.Is(herr, storage.ErrGone):
 			info = storage.Info{}
 		case herr != nil:
 			return false
+		case storage.NormalizeContentType(info.ContentType) != "application/json":
+			notJSON = true
+			if id := identOf(info); id != warnedType {
+				warnedType = id
+				log.Warn("persisted topic: its stream is not application/json; subscribers wait for a JSON stream (delete it; a publish, or a POST or PUT as application/json, makes one)",
+					"contentType", info.ContentType)
+			}
+			info = storage.Info{}
 		}
+		t.notJSON.Store(notJSON)
 		now := identOf(info)
 		if now == cur {
 			return false
@@ -389,6 +416,7 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 		return true
 	}
 	var body []byte
+	var warnedRecord logIdent // the stream whose first record that is not JSON was logged
 	for {
 		if cur == (logIdent{}) {
 			// No stream yet, or since the last reset: look when this node
@@ -455,7 +483,10 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 		mu.Lock()
 		for _, r := range res.Records {
 			if !validRecord(r.Data) {
-				log.Warn("persisted topic: record is not JSON; skipped", "offset", r.Offset)
+				if warnedRecord != cur {
+					warnedRecord = cur
+					log.Warn("persisted topic: record is not JSON; skipped (and any other such record of this stream, without a warning)", "offset", r.Offset)
+				}
 			} else {
 				// Each body is handed to the transport, which keeps it
 				// in session queues: a fresh slice per record.

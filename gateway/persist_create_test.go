@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"path/filepath"
 	"strconv"
@@ -389,5 +390,127 @@ func TestPersisted_HTTPPostMakesTheStreamWithPublish(t *testing.T) {
 	}
 	if info, err := db.Head(context.Background(), "chat:backend"); err != nil || info.Tail != storage.FormatOffset(1) {
 		t.Fatalf("Head after the POST: %+v, %v", info, err)
+	}
+}
+
+// headCountLog counts the log's Head calls: each is a look of a tailer
+// (or a subscribe's).
+type headCountLog struct {
+	*storage.DB
+	heads atomic.Int64
+}
+
+func (l *headCountLog) Head(ctx context.Context, name string) (storage.Info, error) {
+	l.heads.Add(1)
+	return l.DB.Head(ctx, name)
+}
+
+// startLoggedNode is startPersistNode logging into a buffer, its log's
+// Head calls counted.
+func startLoggedNode(t *testing.T) (*persistNode, *syncBuffer, *headCountLog) {
+	t.Helper()
+	logs, log := &syncBuffer{}, (*headCountLog)(nil)
+	n := startPersistNodeWith(t, t.TempDir(), nil, func(c *gateway.Config) {
+		log = &headCountLog{DB: c.Log.(*storage.DB)}
+		c.Log = log
+		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	})
+	return n, logs, log
+}
+
+// makeTextStream makes topic's stream in db as text/plain, with three
+// records: as a node that does not persist the name (or a PUT before it
+// did) may have.
+func makeTextStream(t *testing.T, db *storage.DB, topic string) {
+	t.Helper()
+	o := storage.CreateOptions{ContentType: "text/plain", Records: [][]byte{[]byte("a"), []byte("b"), []byte("c")}}
+	if _, _, err := db.Create(context.Background(), topic, o); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// expectBadTopic subscribes sid to topic and expects X_BAD_TOPIC.
+func expectBadTopic(t *testing.T, c *gwtest.Conn, sid, topic string) {
+	t.Helper()
+	c.Send(&frames.Subscribe{Op: frames.OpAdd, SID: sid, Target: frames.Target{Kind: frames.TargetTopic, Topic: topic}})
+	if ack := gwtest.Expect[*frames.Ack](c); ack.Ref != sid || ack.Error == nil || ack.Error.Code != frames.CodeBadTopic {
+		t.Fatalf("subscribe to a topic whose stream is not JSON: ref %q, error %+v, want X_BAD_TOPIC", ack.Ref, ack.Error)
+	}
+}
+
+const warnNotJSON = "its stream is not application/json"
+
+// A stream that is not JSON appears where a topic's subscribers wait for
+// one: it is not adopted (its records are not rows) and they keep
+// waiting; the node says so once in its log, not at each look nor per
+// record, and refuses new subscribers (X_BAD_TOPIC) as it does when no
+// one was subscribed. A JSON stream made after its delete is adopted.
+func TestPersisted_StreamNotJSONIsNoStream(t *testing.T) {
+	t.Parallel()
+	n, logs, log := startLoggedNode(t)
+	const topic = "chat:text"
+	live := gwtest.Dial(t, n.url, nil)
+	live.Hello("", 0)
+	live.Subscribe("l", topic)
+	makeTextStream(t, n.db, topic)
+	heads := log.heads.Load() // a look from now on sees it
+	gwtest.Eventually(t, gwtest.Timeout, "the tailer looked", func() bool { return log.heads.Load() > heads })
+	c := gwtest.Dial(t, n.url, nil)
+	c.Hello("", 0)
+	expectBadTopic(t, c, "s", topic)
+	// The tailer's next look (a second later) does not repeat the
+	// warning.
+	heads = log.heads.Load()
+	gwtest.Eventually(t, gwtest.Timeout, "the tailer looked again", func() bool { return log.heads.Load() > heads })
+	if got := logs.String(); strings.Count(got, warnNotJSON) != 1 || strings.Contains(got, "record is not JSON") {
+		t.Fatalf("want one warning for the stream, none per record:\n%s", got)
+	}
+
+	streamRequest(t, n, http.MethodDelete, topic, "")
+	streamRequest(t, n, http.MethodPut, topic, `[{"a":1}]`)
+	expectMade(t, live, "l")
+	if op := collect(t, live, "l", 1)[0]; op.LSN != storage.FormatOffset(1) || rowData(t, op) != `{"a":1}` {
+		t.Fatalf("first record of the JSON stream: %s at %s", rowData(t, op), op.LSN)
+	}
+}
+
+// A JSON stream deleted and replaced by one that is not JSON: its
+// subscribers get the reset of a delete (the snapshot names no log), and
+// wait for a JSON stream, as in TestPersisted_StreamNotJSONIsNoStream.
+func TestPersisted_ReplacedByAStreamNotJSON(t *testing.T) {
+	t.Parallel()
+	n, logs, log := startLoggedNode(t)
+	const topic = "chat:swap"
+	makeStream(t, n.db, topic)
+	live := gwtest.Dial(t, n.url, nil)
+	live.Hello("", 0)
+	live.Subscribe("l", topic)
+	streamRequest(t, n, http.MethodPost, topic, `{"a":0}`)
+	collect(t, live, "l", 1)
+
+	if err := n.db.Delete(context.Background(), topic); err != nil {
+		t.Fatal(err)
+	}
+	makeTextStream(t, n.db, topic)
+	heads := log.heads.Load() // a look from now on sees it
+	if ack := gwtest.Expect[*frames.Ack](live); ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
+		t.Fatalf("after the replacement: %+v", ack)
+	}
+	if s := gwtest.Expect[*frames.Snapshot](live); s.Cursor.LSN != storage.ZeroOffset || s.Cursor.Digest != "" {
+		t.Fatalf("after the replacement: snapshot %+v, want the start naming no log", s.Cursor)
+	}
+	gwtest.Eventually(t, gwtest.Timeout, "the tailer looked", func() bool { return log.heads.Load() > heads })
+	c := gwtest.Dial(t, n.url, nil)
+	c.Hello("", 0)
+	expectBadTopic(t, c, "s", topic)
+
+	streamRequest(t, n, http.MethodDelete, topic, "")
+	streamRequest(t, n, http.MethodPut, topic, `[{"a":1}]`)
+	expectMade(t, live, "l")
+	if op := collect(t, live, "l", 1)[0]; op.LSN != storage.FormatOffset(1) || rowData(t, op) != `{"a":1}` {
+		t.Fatalf("first record of the JSON stream: %s at %s", rowData(t, op), op.LSN)
+	}
+	if got := logs.String(); strings.Count(got, warnNotJSON) != 1 || strings.Contains(got, "record is not JSON") {
+		t.Fatalf("want one warning for the stream, none per record:\n%s", got)
 	}
 }
