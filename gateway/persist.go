@@ -340,9 +340,11 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 	// a reset (resetTail); from none, the new one's adoption (adoptTail),
 	// which loses nothing, since the subscribers were at the zero offset
 	// with nothing after it. The subscribers' snapshots then carry this
-	// log's digest. A stream made and deleted again before the tailer
-	// looked is not seen at all, as one gone before they subscribed; a
-	// stream this node makes wakes the tailer at once (streamMade). A
+	// log's digest. A stream made, written and deleted again between two
+	// looks is not seen at all: its records are never delivered, and
+	// nothing reports them lost (only a delete leads there; docs/protocol.md
+	// §6.6). A stream this node makes wakes the tailer at once
+	// (streamMade), which narrows that window to the look itself. A
 	// stream of another content type than JSON is taken for none (its
 	// records are not rows): the subscribers wait for a JSON one, and are
 	// told once (warnedType) in the log, not at each look.
@@ -820,9 +822,16 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 		// Answered by onReset: the tailer found another log.
 	case c.Digest != "" && c.Digest != cur.digest():
 		// A cursor of a log since deleted (and perhaps made anew, with
-		// offsets that start again): answered as a live subscriber of the
-		// old log was, and replayed from the current log's start.
-		expired("digest "+quote(c.Digest)+" names a log of topic "+quote(sub.topic)+" that was deleted; its offsets are not positions in the log there is now", storage.ZeroOffset)
+		// offsets that start again), or of one this server's log never
+		// had (another node's, on a log of its own): answered as a live
+		// subscriber of the old log was, and replayed from the current
+		// log's start.
+		where := "the log there is now"
+		if cur == (logIdent{}) {
+			where = "any log: the topic has no stream now"
+		}
+		expired("digest "+quote(c.Digest)+" names a log of topic "+quote(sub.topic)+
+			" that is not the one this server has (it was deleted, or never made in this server's log); its offsets are not positions in "+where, storage.ZeroOffset)
 		first, after = false, storage.ZeroOffset
 	case after > through:
 		// The cursor may be ahead of this node's tailer but still in the

@@ -514,3 +514,23 @@ func TestPersisted_ReplacedByAStreamNotJSON(t *testing.T) {
 		t.Fatalf("want one warning for the stream, none per record:\n%s", got)
 	}
 }
+
+// A resume whose cursor names a log this node's log does not have, on a
+// topic with no stream (it was got from a node with a log of its own, or
+// the stream was deleted), expires; the cause does not claim the topic
+// had a stream here.
+func TestPersisted_CursorOfALogNotHere(t *testing.T) {
+	t.Parallel()
+	n := startPersistNode(t, t.TempDir())
+	c := gwtest.Dial(t, n.url, nil)
+	c.Hello("", 0)
+	cursor := frames.Cursor{QID: "topic:chat:elsewhere", LSN: storage.FormatOffset(3), Digest: "log:1.dn824jm5qqhg", IDs: []string{}, At: 1}
+	c.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "r", Target: frames.Target{Kind: frames.TargetTopic, Topic: "chat:elsewhere", Cursor: &cursor}})
+	ack := gwtest.Expect[*frames.Ack](c)
+	if ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired || !strings.Contains(ack.Error.Cause, "has no stream") {
+		t.Fatalf("resume with another log's cursor on a topic with no stream: %+v, want X_CURSOR_EXPIRED saying it has no stream", ack.Error)
+	}
+	if s := gwtest.Expect[*frames.Snapshot](c); s.Cursor.LSN != storage.ZeroOffset || s.Cursor.Digest != "" {
+		t.Fatalf("snapshot %+v, want the start naming no log", s.Cursor)
+	}
+}
