@@ -368,6 +368,28 @@ func TestPersisted_HTTPPostMakesTheStream(t *testing.T) {
 	}
 }
 
+// A POST at a persisted topic's name that the log refuses (an unknown
+// producer's seq 3, a gap; records over the log's append limit) makes no
+// stream: the refusal changes nothing (docs/streams-http.md, Errors), so
+// a read is still 404. The next admitted POST makes it, at the first
+// offset.
+func TestPersisted_HTTPPostRefusedMakesNoStream(t *testing.T) {
+	t.Parallel()
+	// The log's limit below the gateway's (8 MiB), so that the log refuses.
+	s := newStreamServerWith(t, gateway.Config{Persist: []string{"chat:*"}}, func(o *storage.Options) { o.MaxAppendBytes = 16 })
+	const p = "/v1/stream/chat:refused"
+	post := func(seq, body string) reply {
+		return s.do(t, http.MethodPost, p, hdr("Content-Type", "application/json", "Producer-Id", "A", "Producer-Epoch", "0", "Producer-Seq", seq), body)
+	}
+	post("3", `{"n":1}`).want(t, http.StatusConflict).wantHeader(t, "Producer-Expected-Seq", "0").wantHeader(t, "Producer-Received-Seq", "3")
+	s.do(t, http.MethodGet, p, nil, "").want(t, http.StatusNotFound)
+	post("0", `{"n":"more than sixteen bytes"}`).want(t, http.StatusRequestEntityTooLarge)
+	s.do(t, http.MethodGet, p, nil, "").want(t, http.StatusNotFound)
+
+	post("0", `{"n":1}`).want(t, http.StatusOK).wantHeader(t, "Stream-Next-Offset", storage.FormatOffset(1))
+	s.do(t, http.MethodGet, p, nil, "").want(t, http.StatusOK).wantBody(t, `[{"n":1}]`)
+}
+
 // With token keys, the append that makes a persisted topic's stream needs
 // the publish grant (as a WebSocket publish), not manage.
 func TestPersisted_HTTPPostMakesTheStreamWithPublish(t *testing.T) {

@@ -145,7 +145,8 @@ type Producer struct {
 // exists and is live; closed (a closed stream refuses records with
 // [*ClosedError], except a producer duplicate of the append that closed
 // it, and accepts a close-only request as a no-op); producer; content
-// type; Stream-Seq; sizes. Nothing is written unless every check passes.
+// type; Stream-Seq; sizes. Nothing is written unless every check passes
+// (with CreateMissing, not even the stream).
 type AppendRequest struct {
 	// Records to append in order, as one append. Empty only with Close.
 	Records [][]byte
@@ -167,7 +168,10 @@ type AppendRequest struct {
 
 	// CreateMissing creates the stream, with ContentType and no other
 	// options, when it does not exist (never created, deleted, or
-	// expired), in the same transaction as the append. Appends submitted
+	// expired), in the same transaction as the append. The checks then
+	// run against that new, empty stream before it is made, and it is
+	// made only if the append is admitted: a refused append (a
+	// producer's gap, too many bytes) leaves no stream. Appends submitted
 	// in order then stay in order across a delete: none goes to a stream
 	// made by a retry that runs after later appends.
 	CreateMissing bool

@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -464,13 +465,7 @@ func (b *batch1) applyAppend(r *request) error {
 	req := r.app
 	ws, err := b.live(r)
 	if ws == nil && err == nil && req.CreateMissing && errors.Is(r.err, ErrNotFound) {
-		cr := &request{op: opCreate, name: r.name, create: &CreateOptions{ContentType: req.ContentType}, created: &createOut{}}
-		if err := b.applyCreate(cr); err != nil {
-			return err
-		}
-		if r.err = cr.err; r.err == nil {
-			ws, err = b.live(r)
-		}
+		return b.appendCreating(r)
 	}
 	if ws == nil {
 		return err
@@ -480,26 +475,78 @@ func (b *batch1) applyAppend(r *request) error {
 		m.Access = b.nowNs // any append, even a refused one, renews a sliding TTL
 		ws.dirty = true
 	}
-	p := req.Producer
 	var pe *prodEntry
-	if p != nil {
+	if p := req.Producer; p != nil {
 		if pe, err = b.producer(ws, p.ID); err != nil {
 			return err
 		}
 	}
+	if !b.admit(r, m, pe) {
+		return nil
+	}
+	return b.write(r, ws, pe)
+}
+
+// appendCreating applies an append with CreateMissing at a name with no
+// stream (never made, deleted or expired). It runs the append's checks
+// against the empty stream Create would make, and makes it only if they
+// admit the append: a refused append (a producer's gap, too many bytes)
+// changes nothing, so it leaves no empty stream behind, and a later
+// request in the batch finds none.
+func (b *batch1) appendCreating(r *request) error {
+	req := r.app
+	o := &CreateOptions{ContentType: req.ContentType}
+	// What admit reads of the stream applyCreate makes from o: it is
+	// open, with no Stream-Seq and no producers.
+	fresh := meta{Name: r.name, ContentType: cmp.Or(o.ContentType, defaultContentType)}
+	var pe *prodEntry
+	if req.Producer != nil {
+		pe = &prodEntry{}
+	}
+	r.err = nil
+	if !b.admit(r, &fresh, pe) {
+		return nil
+	}
+	cr := &request{op: opCreate, name: r.name, create: o, created: &createOut{}}
+	if err := b.applyCreate(cr); err != nil {
+		return err
+	}
+	if r.err = cr.err; r.err != nil {
+		return nil
+	}
+	ws, err := b.live(r)
+	if ws == nil {
+		return err
+	}
+	if p := req.Producer; p != nil {
+		if pe, err = b.producer(ws, p.ID); err != nil {
+			return err
+		}
+	}
+	return b.write(r, ws, pe)
+}
+
+// admit runs the checks of [AppendRequest] that follow the stream's
+// existence, in its order, against the stream's meta m and the state pe
+// of the request's producer (nil without one). It changes nothing but pe,
+// which it forgets when idle past ProducerTTL. It reports whether the
+// append is to be written; if not, it has answered r: with an error, or
+// as a duplicate or a close-only request on a closed stream.
+func (b *batch1) admit(r *request, m *meta, pe *prodEntry) bool {
+	req, p := r.app, r.app.Producer
 	closeOnly := len(req.Records) == 0
 	if m.Closed {
 		if p != nil && m.CloseProd != nil && *m.CloseProd == (closeProd{p.ID, p.Epoch, p.Seq}) {
 			r.res = appendRes{dup: true, closed: true, last: m.Tail, epoch: pe.st.epoch, seq: pe.st.lastSeq}
-			return nil
+			return false
 		}
 		if !closeOnly {
 			r.err = &ClosedError{Tail: FormatOffset(m.Tail)}
-			return nil
+			return false
 		}
 		if p == nil {
 			r.res = appendRes{closed: true, last: m.Tail}
-			return nil
+			return false
 		}
 	}
 	if p != nil {
@@ -509,7 +556,7 @@ func (b *batch1) applyAppend(r *request) error {
 		dup, perr := checkProducer(pe, p)
 		if perr != nil {
 			r.err = perr
-			return nil
+			return false
 		}
 		if dup {
 			pos, ok := pe.st.lookup(p.Seq)
@@ -517,28 +564,35 @@ func (b *batch1) applyAppend(r *request) error {
 				pos = m.Tail
 			}
 			r.res = appendRes{dup: true, closed: m.Closed, last: pos, epoch: pe.st.epoch, seq: pe.st.lastSeq}
-			return nil
+			return false
 		}
 	}
 	if !closeOnly {
 		if req.ContentType != "" && NormalizeContentType(req.ContentType) != NormalizeContentType(m.ContentType) {
 			r.err = fmt.Errorf("%w: %q is not %q", ErrContentType, req.ContentType, m.ContentType)
-			return nil
+			return false
 		}
 		if req.StreamSeq != "" && req.StreamSeq <= m.StreamSeq {
 			r.err = fmt.Errorf("%w: %q after %q", ErrStreamSeq, req.StreamSeq, m.StreamSeq)
-			return nil
+			return false
 		}
 		if r.size > b.db.opts.MaxAppendBytes {
 			r.err = fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, r.size, b.db.opts.MaxAppendBytes)
-			return nil
+			return false
 		}
 	}
+	return true
+}
+
+// write applies an admitted append to ws: its records, Stream-Seq,
+// closure and producer state pe (nil without a producer).
+func (b *batch1) write(r *request, ws *wstream, pe *prodEntry) error {
+	req, p, m := r.app, r.app.Producer, &ws.m
 	res := appendRes{first: m.Tail + 1, n: len(req.Records)}
 	if err := b.appendRecords(ws, req.Records); err != nil {
 		return err
 	}
-	if !closeOnly && req.StreamSeq != "" {
+	if len(req.Records) > 0 && req.StreamSeq != "" {
 		m.StreamSeq = req.StreamSeq
 	}
 	if req.Close && !m.Closed {

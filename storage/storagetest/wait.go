@@ -53,6 +53,50 @@ var deleteTests = []test{
 		_, err = h.l.Append(h.ctx, "v", storage.AppendRequest{Records: recs("6")})
 		isErr(t, "missing, without CreateMissing", err, storage.ErrNotFound)
 	}},
+	{"CreateMissingRefused", func(t *testing.T, h *h) {
+		// An append refused by a check that would refuse it on the new
+		// stream makes no stream: a refused append changes nothing.
+		missing := func(what string) {
+			t.Helper()
+			_, err := h.l.Head(h.ctx, "s")
+			isErr(t, what+": Head", err, storage.ErrNotFound)
+		}
+		mk := func(seq int64, data ...[]byte) storage.AppendRequest {
+			return storage.AppendRequest{Records: data, ContentType: "application/json", Producer: prod("p", 0, seq), CreateMissing: true}
+		}
+		_, err := h.l.Append(h.ctx, "s", mk(3, []byte("1")))
+		pe := producerErr(t, "unknown producer at seq 3", err, storage.KindGap)
+		eq(t, "expected seq", pe.ExpectedSeq, 0)
+		missing("after a producer gap")
+		big := make([]byte, 32<<20)
+		_, err = h.l.Append(h.ctx, "s", mk(0, big[:16<<20], big[16<<20:]))
+		isErr(t, "32 MiB", err, storage.ErrTooLarge)
+		missing("after a refused size")
+
+		// The next admitted append makes it, at the first offset, and
+		// its producer starts at seq 0 as if nothing had come before.
+		r := h.appendReq("s", mk(0, []byte("1")))
+		eq(t, "first offset", r.Offset, off(1))
+		eq(t, "duplicate", r.Duplicate, false)
+		in := h.head("s")
+		eq(t, "tail", in.Tail, off(1))
+		eq(t, "content type", in.ContentType, "application/json")
+		r = h.appendReq("s", mk(0, []byte("1")))
+		eq(t, "retry: duplicate", r.Duplicate, true)
+		eq(t, "retry: offset", r.Offset, off(1))
+		eq(t, "content", h.content("s"), "1")
+
+		// Likewise at a name whose stream was deleted.
+		if err := h.l.Delete(h.ctx, "s"); err != nil {
+			t.Fatal(err)
+		}
+		_, err = h.l.Append(h.ctx, "s", mk(1, []byte("2")))
+		producerErr(t, "after delete, seq 1", err, storage.KindGap)
+		missing("after delete and a producer gap")
+		r = h.appendReq("s", mk(0, []byte("3")))
+		eq(t, "after delete: first offset", r.Offset, off(1))
+		eq(t, "after delete: content", h.content("s"), "3")
+	}},
 	{"Closed", func(t *testing.T, h *h) {
 		h.create("s", storage.CreateOptions{Closed: true})
 		if err := h.l.Delete(h.ctx, "s"); err != nil {
