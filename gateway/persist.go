@@ -785,11 +785,13 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 	// held is dropped, the log being the source of truth. A log made where
 	// there was none (adoptTail) is no loss: a client already answered at
 	// the zero offset gets the new log's digest (logCreated), one whose
-	// cursor is the zero offset is answered as resumed there, and one
-	// whose cursor names that very log (got from another node sharing the
-	// log, which saw it first: awaitMade) is not answered yet: the replay
-	// goes on from its cursor, as if the tailer had had the log when it
-	// subscribed.
+	// cursor is the zero offset and names no log is answered as resumed
+	// there, and one whose cursor names that very log (got from another
+	// node sharing the log, which saw it first: awaitMade) is not answered
+	// yet: the replay goes on from its cursor, as if the tailer had had
+	// the log when it subscribed. A cursor naming another log (awaitMade
+	// saw it, but it was deleted and another made before the tailer
+	// looked) resumes in no other: it expires, as one of a deleted log.
 	onReset := func() {
 		mu.Lock()
 		r.mu.Lock()
@@ -804,7 +806,7 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 			return
 		case made && !first:
 			sub.logCreated(cur.digest())
-		case made && cursor == storage.ZeroOffset:
+		case made && cursor == storage.ZeroOffset && c.Digest == "":
 			s.sendResumed(sub, cursor, cur.digest())
 		default:
 			sub.logReset(cur.digest())
@@ -1016,7 +1018,9 @@ func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string,
 // waits until the tailer has adopted it (holdReset), so that the cursor is
 // resumed in it rather than taken for one of a deleted log. It reports
 // whether the adoption is pending for the replayer (resetPending); false
-// if the log there now is another, or the wait ran out.
+// if the log there now is another, or the wait ran out. The log adopted
+// may still be another (that one deleted and another made before the
+// tailer looked): onReset then expires the cursor.
 func (s *session) awaitMade(ctx context.Context, sub *subscription, digest string) bool {
 	srv, r := s.srv, sub.replay
 	info, err := srv.cfg.Log.Head(ctx, sub.topic)

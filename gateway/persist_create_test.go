@@ -556,3 +556,109 @@ func TestPersisted_CursorOfALogNotHere(t *testing.T) {
 		t.Fatalf("snapshot %+v, want the start naming no log", s.Cursor)
 	}
 }
+
+// logDigest returns the cursor digest of topic's stream in db now.
+func logDigest(t *testing.T, db *storage.DB, topic string) string {
+	t.Helper()
+	info, err := db.Head(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "log:" + strconv.FormatUint(info.ID, 36) + "." + strconv.FormatInt(info.CreatedAt.UnixNano(), 36)
+}
+
+// trapHeadLog holds the first Head call after trap until release is
+// closed. With no other caller about, that is the next look of a tailer
+// waiting for its topic's stream (at most a second away), which a test
+// keeps from happening while it changes the log. Other Head calls are
+// counted once answered.
+type trapHeadLog struct {
+	*storage.DB
+	armed   atomic.Bool
+	trapped chan struct{} // closed when the armed Head is held
+	release chan struct{}
+	heads   atomic.Int64
+}
+
+func newTrapHeadLog(db *storage.DB) *trapHeadLog {
+	return &trapHeadLog{DB: db, trapped: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (l *trapHeadLog) Head(ctx context.Context, name string) (storage.Info, error) {
+	if l.armed.CompareAndSwap(true, false) {
+		close(l.trapped)
+		select {
+		case <-l.release:
+		case <-ctx.Done():
+			return storage.Info{}, ctx.Err()
+		}
+		return l.DB.Head(ctx, name)
+	}
+	info, err := l.DB.Head(ctx, name)
+	l.heads.Add(1)
+	return info, err
+}
+
+// trap arms the trap and waits until a Head call is held in it.
+func (l *trapHeadLog) trap(t *testing.T) {
+	t.Helper()
+	l.armed.Store(true)
+	waitClosed(t, "a look held", l.trapped)
+}
+
+// A resume whose cursor names log D at its start, on a node whose tailer
+// has no stream: the replayer sees D there and waits for the tailer's
+// adoption, but before the tailer looks D is deleted and D2 made. The
+// cursor is of a deleted log: it expires, and the resume gets D2 from its
+// start; it is not answered as resumed in D2 (only a cursor that names no
+// log is taken as a position in whatever log there is).
+func TestPersisted_ResumeOfALogReplacedBeforeTheTailerSawIt(t *testing.T) {
+	t.Parallel()
+	var log *trapHeadLog
+	db, srv := startWrappedNode(t, nil, func(db *storage.DB) gateway.StreamLog {
+		log = newTrapHeadLog(db)
+		return log
+	})
+	const topic = "chat:swapped"
+	ctx := context.Background()
+	live := gwtest.Dial(t, srv.url, nil)
+	live.Hello("", 0)
+	live.Subscribe("l", topic) // the tailer waits for a stream
+	log.trap(t)                // and is held in its next look
+
+	// Another node sharing the log makes D; the client got D's digest
+	// there before any record.
+	if _, _, err := db.Create(ctx, topic, storage.CreateOptions{ContentType: "application/json", Records: [][]byte{[]byte(`"d"`)}}); err != nil {
+		t.Fatal(err)
+	}
+	d := logDigest(t, db, topic)
+	heads := log.heads.Load()
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0)
+	resumeAt(c, "r", topic, frames.Cursor{QID: "topic:" + topic, Digest: d, IDs: []string{}, At: 1}, 0)
+	gwtest.Eventually(t, gwtest.Timeout, "the replayer looked at the log", func() bool { return log.heads.Load() > heads })
+	if err := db.Delete(ctx, topic); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := db.Create(ctx, topic, storage.CreateOptions{ContentType: "application/json", Records: [][]byte{[]byte(`"d2"`)}}); err != nil {
+		t.Fatal(err)
+	}
+	d2 := logDigest(t, db, topic)
+	close(log.release) // the tailer looks: it adopts D2
+
+	if ack := gwtest.Expect[*frames.Ack](c); ack.Ref != "r" || ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
+		t.Fatalf("resume naming deleted log %s: ack %+v, want X_CURSOR_EXPIRED", d, ack)
+	}
+	if s := gwtest.Expect[*frames.Snapshot](c); s.Cursor.LSN != storage.ZeroOffset || s.Cursor.Digest != d2 {
+		t.Fatalf("snapshot %+v, want the start of %s", s.Cursor, d2)
+	}
+	if op := collect(t, c, "r", 1)[0]; op.LSN != storage.FormatOffset(1) || rowData(t, op) != `"d2"` {
+		t.Fatalf("first record of D2: %s at %s", rowData(t, op), op.LSN)
+	}
+	if got := expectMade(t, live, "l"); got != d2 {
+		t.Fatalf("the live subscriber's snapshot names %s, want %s", got, d2)
+	}
+	if op := collect(t, live, "l", 1)[0]; op.LSN != storage.FormatOffset(1) {
+		t.Fatalf("live: first record of D2 at %s", op.LSN)
+	}
+}
