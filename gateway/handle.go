@@ -256,10 +256,13 @@ func (s *session) logError(ref, op, topic string, err error) *frames.Error {
 	case errors.As(err, &ce):
 		return frames.NewError(frames.CodeBadTopic, ref, "topic "+quote(topic)+"'s stream was closed over the Durable Streams API",
 			"publish to another topic; a closed stream never accepts messages again")
+	case errors.Is(err, storage.ErrGone):
+		return frames.NewError(frames.CodeBadTopic, ref, "topic "+quote(topic)+"'s stream was deleted over the Durable Streams API while forks of it remain",
+			"use another topic, or this one again once its forks are deleted")
 	case errors.Is(err, storage.ErrContentType):
 		err = errNotJSONStream
 		fallthrough
-	case errors.Is(err, errNotJSONStream), errors.Is(err, storage.ErrConflict), errors.Is(err, storage.ErrGone):
+	case errors.Is(err, errNotJSONStream), errors.Is(err, storage.ErrConflict):
 		return frames.NewError(frames.CodeBadTopic, ref, "topic "+quote(topic)+": "+err.Error(),
 			"persisted topics are JSON streams; use another topic name or recreate the stream as application/json")
 	case errors.Is(err, storage.ErrTooLarge):

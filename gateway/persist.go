@@ -37,7 +37,7 @@ import (
 // offset carrying the log's digest (a log mark of kind markCreated), then
 // its records. A stream of another content type than JSON is taken for
 // none: its records are not rows (a subscribe that finds one is refused,
-// X_BAD_TOPIC).
+// X_BAD_TOPIC). So is a soft-deleted stream (deleted while forks keep it).
 //
 // One tailer runs per persisted topic with local subscribers. It waits on
 // the log, reads what is new and hands each record to the transport as an
@@ -207,36 +207,44 @@ type tailer struct {
 	awaiting atomic.Bool
 	made     chan struct{}
 
-	// notJSON is set while the stream there is of another content type
-	// than JSON (made over HTTP on a node that does not persist the
-	// name, or before it did): the tailer takes it for no stream, and
-	// acquireTailer refuses it, as it does when it finds one itself.
-	notJSON atomic.Bool
+	// refused is set while the stream there, at the tailer's last look,
+	// is one a subscribe is refused for (subscribableHead): of another
+	// content type than JSON (made over HTTP on a node that does not
+	// persist the name, or before it did), or soft-deleted (deleted over
+	// HTTP while forks keep it). The tailer takes it for no stream;
+	// acquireTailer looks again before it refuses a subscribe, the last
+	// look being up to a second old.
+	refused atomic.Bool
 }
 
 // acquireTailer returns topic's tailer, starting it if needed. The caller
 // must releaseTailer it. A topic with no stream (never made, or deleted)
 // gets a tailer with none, published at the zero offset: a subscribe does
 // not make the stream (see the top of this file). One that exists must be
-// JSON (errNotJSONStream).
+// one a subscribe may take (subscribableHead).
 func (srv *Server) acquireTailer(ctx context.Context, topic string) (*tailer, error) {
 	srv.tailMu.Lock()
-	defer srv.tailMu.Unlock()
 	if t := srv.tailers[topic]; t != nil {
-		if t.notJSON.Load() {
-			return nil, errNotJSONStream
-		}
 		t.refs++
+		srv.tailMu.Unlock()
+		if t.refused.Load() {
+			// The tailer's last look found a stream a subscribe is
+			// refused for, but it may have been replaced since by a
+			// JSON one made elsewhere (or deleted), which the tailer
+			// would only see at its next look: look now, and wake it
+			// to take what is there.
+			if _, err := srv.subscribableHead(ctx, topic); err != nil {
+				srv.releaseTailer(t)
+				return nil, err
+			}
+			t.wake()
+		}
 		return t, nil
 	}
-	info, err := srv.cfg.Log.Head(ctx, topic)
-	switch {
-	case errors.Is(err, storage.ErrNotFound):
-		info = storage.Info{Tail: storage.ZeroOffset}
-	case err != nil:
+	defer srv.tailMu.Unlock()
+	info, err := srv.subscribableHead(ctx, topic)
+	if err != nil {
 		return nil, err
-	case storage.NormalizeContentType(info.ContentType) != "application/json":
-		return nil, errNotJSONStream
 	}
 	tctx, cancel := context.WithCancel(srv.baseCtx)
 	t := &tailer{topic: topic, refs: 1, published: info.Tail, log: identOf(info), cancel: cancel, made: make(chan struct{}, 1)}
@@ -245,6 +253,23 @@ func (srv *Server) acquireTailer(ctx context.Context, topic string) (*tailer, er
 	srv.metrics.tailers.Inc()
 	srv.wg.Go(func() { srv.tail(tctx, t, info.Tail) })
 	return t, nil
+}
+
+// subscribableHead looks at topic's stream for a subscribe. One that does
+// not exist (never made, or deleted) is answered as an empty stream at the
+// zero offset. One of another content type than JSON (errNotJSONStream) or
+// soft-deleted (storage.ErrGone) refuses it.
+func (srv *Server) subscribableHead(ctx context.Context, topic string) (storage.Info, error) {
+	info, err := srv.cfg.Log.Head(ctx, topic)
+	switch {
+	case errors.Is(err, storage.ErrNotFound):
+		return storage.Info{Tail: storage.ZeroOffset}, nil
+	case err != nil:
+		return storage.Info{}, err
+	case storage.NormalizeContentType(info.ContentType) != "application/json":
+		return storage.Info{}, errNotJSONStream
+	}
+	return info, nil
 }
 
 // releaseTailer drops a reference; the last one stops the tailer.
@@ -347,7 +372,9 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 	// (streamMade), which narrows that window to the look itself. A
 	// stream of another content type than JSON is taken for none (its
 	// records are not rows): the subscribers wait for a JSON one, and are
-	// told once (warnedType) in the log, not at each look.
+	// told once (warnedType) in the log, not at each look. So is a
+	// soft-deleted one (its forks keep it; it cannot be read). New
+	// subscribes are refused while either is there (t.refused).
 	var warnedType logIdent
 	replaced := func(err error) bool {
 		if err != nil && !errors.Is(err, storage.ErrNotFound) && !errors.Is(err, storage.ErrGone) &&
@@ -355,14 +382,16 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 			return false
 		}
 		info, herr := srv.cfg.Log.Head(ctx, t.topic)
-		notJSON := false
+		refused := false
 		switch {
-		case errors.Is(herr, storage.ErrNotFound) || errors.Is(herr, storage.ErrGone):
+		case errors.Is(herr, storage.ErrNotFound):
 			info = storage.Info{}
+		case errors.Is(herr, storage.ErrGone):
+			info, refused = storage.Info{}, true
 		case herr != nil:
 			return false
 		case storage.NormalizeContentType(info.ContentType) != "application/json":
-			notJSON = true
+			refused = true
 			if id := identOf(info); id != warnedType {
 				warnedType = id
 				log.Warn("persisted topic: its stream is not application/json; subscribers wait for a JSON stream (delete it; a publish, or a POST or PUT as application/json, makes one)",
@@ -370,7 +399,7 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 			}
 			info = storage.Info{}
 		}
-		t.notJSON.Store(notJSON)
+		t.refused.Store(refused)
 		now := identOf(info)
 		if now == cur {
 			return false

@@ -451,12 +451,13 @@ func makeTextStream(t *testing.T, db *storage.DB, topic string) {
 	}
 }
 
-// expectBadTopic subscribes sid to topic and expects X_BAD_TOPIC.
+// expectBadTopic subscribes sid to topic and expects X_BAD_TOPIC (its
+// stream is not JSON, or soft-deleted).
 func expectBadTopic(t *testing.T, c *gwtest.Conn, sid, topic string) {
 	t.Helper()
 	c.Send(&frames.Subscribe{Op: frames.OpAdd, SID: sid, Target: frames.Target{Kind: frames.TargetTopic, Topic: topic}})
 	if ack := gwtest.Expect[*frames.Ack](c); ack.Ref != sid || ack.Error == nil || ack.Error.Code != frames.CodeBadTopic {
-		t.Fatalf("subscribe to a topic whose stream is not JSON: ref %q, error %+v, want X_BAD_TOPIC", ack.Ref, ack.Error)
+		t.Fatalf("subscribe to %s: ref %q, error %+v, want X_BAD_TOPIC", topic, ack.Ref, ack.Error)
 	}
 }
 
@@ -534,6 +535,100 @@ func TestPersisted_ReplacedByAStreamNotJSON(t *testing.T) {
 	}
 	if got := logs.String(); strings.Count(got, warnNotJSON) != 1 || strings.Contains(got, "record is not JSON") {
 		t.Fatalf("want one warning for the stream, none per record:\n%s", got)
+	}
+}
+
+// A stream that is not JSON, where subscribers wait, replaced by a JSON
+// stream made elsewhere (another node sharing the log) before the node's
+// tailer looks again: a new subscribe is not refused on the tailer's
+// last look (the Go client would end the subscription for good); the
+// node looks, takes the subscribe as one to a topic with no stream yet,
+// and the JSON stream reaches it.
+func TestPersisted_NotJSONReplacedElsewhere(t *testing.T) {
+	t.Parallel()
+	var log *trapHeadLog
+	db, srv := startWrappedNode(t, nil, func(db *storage.DB) gateway.StreamLog {
+		log = newTrapHeadLog(db)
+		return log
+	})
+	const topic = "chat:retyped"
+	live := gwtest.Dial(t, srv.url, nil)
+	live.Hello("", 0)
+	live.Subscribe("l", topic)
+	makeTextStream(t, db, topic)
+	heads := log.heads.Load() // a look from now on sees it
+	gwtest.Eventually(t, gwtest.Timeout, "the tailer looked", func() bool { return log.heads.Load() > heads })
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0)
+	expectBadTopic(t, c, "s", topic)
+
+	log.trap(t) // the tailer's next look waits
+	if err := db.Delete(context.Background(), topic); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := db.Create(context.Background(), topic, storage.CreateOptions{ContentType: "application/json", Records: [][]byte{[]byte(`{"a":1}`)}}); err != nil {
+		t.Fatal(err)
+	}
+	if snap := c.Subscribe("s2", topic); snap.Cursor.LSN != storage.ZeroOffset || snap.Cursor.Digest != "" {
+		t.Fatalf("subscribe after the JSON stream was made: snapshot %+v, want the start naming no log yet", snap.Cursor)
+	}
+	close(log.release)
+	d := logDigest(t, db, topic)
+	for _, sub := range []struct {
+		c   *gwtest.Conn
+		sid string
+	}{{live, "l"}, {c, "s2"}} {
+		if got := expectMade(t, sub.c, sub.sid); got != d {
+			t.Fatalf("%s: made snapshot names %s, want %s", sub.sid, got, d)
+		}
+		if op := collect(t, sub.c, sub.sid, 1)[0]; op.LSN != storage.FormatOffset(1) || rowData(t, op) != `{"a":1}` {
+			t.Fatalf("%s: first record %s at %s", sub.sid, rowData(t, op), op.LSN)
+		}
+	}
+}
+
+// A stream deleted while a fork keeps it (soft-deleted) is taken for no
+// stream by its subscribers (the reset of a delete), and a new subscribe
+// is refused (X_BAD_TOPIC) whether or not the topic has a tailer already,
+// as docs/protocol.md §6.6 says; once the fork is gone the name is free.
+func TestPersisted_SoftDeletedWhileSubscribed(t *testing.T) {
+	t.Parallel()
+	n := startPersistNode(t, t.TempDir())
+	const topic = "chat:forked"
+	ctx := context.Background()
+	makeStream(t, n.db, topic)
+	live := gwtest.Dial(t, n.url, nil)
+	live.Hello("", 0)
+	live.Subscribe("l", topic)
+	if _, _, err := n.db.Create(ctx, "chat:fork", storage.CreateOptions{ContentType: "application/json", ForkFrom: topic}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.db.Delete(ctx, topic); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.db.Head(ctx, topic); !errors.Is(err, storage.ErrGone) {
+		t.Fatalf("Head of the deleted source: %v, want it soft-deleted", err)
+	}
+	if ack := gwtest.Expect[*frames.Ack](live); ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
+		t.Fatalf("after the delete: %+v, want X_CURSOR_EXPIRED", ack)
+	}
+	if s := gwtest.Expect[*frames.Snapshot](live); s.Cursor.LSN != storage.ZeroOffset || s.Cursor.Digest != "" {
+		t.Fatalf("after the delete: snapshot %+v, want the start naming no log", s.Cursor)
+	}
+	c := gwtest.Dial(t, n.url, nil)
+	c.Hello("", 0)
+	expectBadTopic(t, c, "s", topic) // the tailer runs
+	live.Send(&frames.Subscribe{Op: frames.OpDrop, SID: "l", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic}})
+	if ack := gwtest.Expect[*frames.Ack](live); ack.Error != nil {
+		t.Fatalf("drop: %+v", ack.Error)
+	}
+	expectBadTopic(t, c, "s", topic) // a new tailer
+
+	if err := n.db.Delete(ctx, "chat:fork"); err != nil {
+		t.Fatal(err)
+	}
+	if snap := c.Subscribe("s", topic); snap.Cursor.Digest != "" {
+		t.Fatalf("subscribe once the fork is gone: snapshot %+v", snap.Cursor)
 	}
 }
 
