@@ -51,21 +51,27 @@ import (
 // are queued and the subscription turns live. If the buffer overflows it is
 // discarded and the replayer reads on from P to the tailer's new position:
 // the log, not the buffer, is the source of truth, so nothing is lost or
-// sent twice at the seam.
+// sent twice at the seam. A session's replayers share its send queue: they
+// queue in turn (replayRoom), one frame at a time, each only while the
+// queue is below half full, so replays of any number of its subscriptions
+// leave live traffic at least a quarter of it.
 
 // replayHold bounds the live patches a replaying subscription holds, in
 // number; in bytes they are bounded by a quarter of the send queue
-// (replay.maxHeld). They are queued at once when the replay ends, onto a
-// queue the replayer has kept below half full, so they always fit.
+// (replay.maxHeld). They are queued at once when the replay ends, in the
+// session's replay turn, onto a queue below half full (replayRoom), so
+// they always fit.
 const replayHold = 4096
 
 // replayPage bounds one log read during replay and tailing. A replay
-// reads at most a quarter of the send queue at once: it queues a page
-// whole onto a queue it keeps below half, and at its end the held live
-// patches (another quarter at most), so the queue never overflows.
+// reads at most a quarter of the send queue at once (in records' bytes;
+// its frames, each record wrapped in a row and an insert, may be several
+// times that for small records), and queues it frame by frame.
 const replayPage = 256 << 10
 
-// replayFrameOps and replayFrameBytes bound one patch frame of a replay.
+// replayFrameOps and replayFrameBytes bound one patch frame of a replay;
+// on a send queue under 256 KiB a frame's rows take at most an eighth of
+// it, so that a frame queued below half the queue leaves a quarter free.
 const (
 	replayFrameOps   = 64
 	replayFrameBytes = 32 << 10
@@ -755,6 +761,9 @@ func (s *session) subscribePersisted(ctx context.Context, f *frames.Subscribe, s
 		return err
 	}
 	if r := sub.replay; r != nil {
+		if s.replayTurn == nil {
+			s.replayTurn = make(chan struct{}, 1)
+		}
 		rctx, cancel := context.WithCancel(s.ctx)
 		r.cancel = cancel
 		go func() {
@@ -881,7 +890,8 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 		expired("offset "+quote(after)+" is not a position in topic "+quote(sub.topic)+"'s log", through)
 		first, after = false, through
 	}
-	ops := make([]frames.PatchOp, 0, 64)
+	ops := make([]frames.PatchOp, 0, replayFrameOps)
+	frameBytes := min(replayFrameBytes, srv.cfg.SendQueueBytes/8)
 	for {
 		for after < through {
 			if r.resetPending() {
@@ -920,12 +930,19 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 			}
 			now := srv.cfg.Now().UnixMilli()
 			ops, size := ops[:0], 0
-			flush := func() {
+			// flush queues the frame in the session's replay turn; it
+			// fails only when the replay is stopped.
+			flush := func() bool {
 				if len(ops) > 0 {
+					if s.replayRoom(ctx) != nil {
+						return false
+					}
 					srv.metrics.replayed.Add(float64(len(ops)))
 					s.send(&frames.Patch{SID: sub.sid, Patches: ops, LSN: ops[len(ops)-1].LSN})
+					s.endReplayTurn()
 				}
 				ops, size = ops[:0], 0
+				return true
 			}
 			for _, rec := range res.Records {
 				if rec.Offset > through {
@@ -934,27 +951,26 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 				if validRecord(rec.Data) {
 					row := recordRow(nil, rec.Offset, rec.Data, now)
 					ops = append(ops, frames.PatchOp{Op: frames.PatchInsert, ID: rec.Offset, LSN: rec.Offset, Row: row})
-					if size += len(row); len(ops) == replayFrameOps || size >= replayFrameBytes {
-						flush()
+					if size += len(row); (len(ops) == replayFrameOps || size >= frameBytes) && !flush() {
+						return
 					}
 				}
 				after = rec.Offset
 			}
-			flush()
+			if !flush() {
+				return
+			}
 			if len(res.Records) == 0 {
 				break // nothing more in the log (deleted or pruned meanwhile)
-			}
-			if err := s.q.waitRoom(ctx, srv.cfg.SendQueueBytes/2); err != nil {
-				return
 			}
 		}
 		if first {
 			s.sendResumed(sub, cursor, cur.digest())
 			first = false
 		}
-		// Room for what is held (at most a quarter of the queue) before
-		// it is queued at once.
-		if err := s.q.waitRoom(ctx, srv.cfg.SendQueueBytes/2); err != nil {
+		// What is held (at most a quarter of the queue) is queued at
+		// once, in the session's replay turn.
+		if s.replayRoom(ctx) != nil {
 			return
 		}
 		mu.Lock()
@@ -962,6 +978,7 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 		if r.reset {
 			r.mu.Unlock()
 			mu.Unlock()
+			s.endReplayTurn()
 			onReset()
 			continue
 		}
@@ -970,6 +987,7 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 			through = r.tailer.published
 			r.mu.Unlock()
 			mu.Unlock()
+			s.endReplayTurn()
 			continue
 		}
 		for i, it := range r.held {
@@ -985,9 +1003,35 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 		r.active = false
 		r.mu.Unlock()
 		mu.Unlock()
+		s.endReplayTurn()
 		return
 	}
 }
+
+// replayRoom takes the session's replay turn and, holding it, waits until
+// the send queue is below half full; the caller then queues one replay
+// frame, or the patches it held, and ends the turn (endReplayTurn). So the
+// session's replayers queue one at a time, each onto a queue below half:
+// checking the queue on its own, each of k replayers found it below half
+// and queued k pages onto it at once, closing the session as a slow
+// consumer (4001) though its client was only a moment behind. It fails
+// only when ctx ends (a session closing has room: its queue takes nothing
+// more).
+func (s *session) replayRoom(ctx context.Context) error {
+	select {
+	case s.replayTurn <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if err := s.q.waitRoom(ctx, s.srv.cfg.SendQueueBytes/2); err != nil {
+		s.endReplayTurn()
+		return err
+	}
+	return nil
+}
+
+// endReplayTurn ends the turn replayRoom took.
+func (s *session) endReplayTurn() { <-s.replayTurn }
 
 // catchUpWait bounds how long a resume waits for the topic's tailer to
 // reach a cursor that is ahead of it; catchUpPoll is how often it looks.

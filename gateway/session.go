@@ -48,6 +48,10 @@ type session struct {
 
 	// Owned by the reader goroutine. Nil until the first subscribe.
 	subs map[string]*subscription
+	// replayTurn (capacity 1) is held by the replayer of a persisted
+	// topic's subscription while it queues (replayRoom). The reader makes
+	// it before it starts the session's first replayer; read-only after.
+	replayTurn chan struct{}
 
 	// Security (auth.go, limits.go). auth is nil until hello, then
 	// replaced whole by a refresh or at expiry; safe from any goroutine.
