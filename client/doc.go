@@ -103,7 +103,14 @@
 //     (a cursor with no digest) gets, when the stream is made, a snapshot
 //     with no X_CURSOR_EXPIRED naming the log: the cursor takes its digest
 //     and nothing is reported, as nothing was lost (also when it comes on
-//     the old connection during a take-over).
+//     the old connection during a take-over). The new connection of a
+//     take-over answers from the cursor the resume was sent with: if the
+//     old connection meanwhile moved the cursor into a log (made there,
+//     or replaced) and the new one answers in another, or with none
+//     after the old one reported its log gone, or later names another
+//     log made where it had none, the cursor takes the new connection's
+//     position and the Client reports [EventCursorExpired], as the
+//     records of the cursor's log after it may never come.
 //   - [Options.URLFor] picks each attempt's URL (e.g. [RoundRobin]), so a
 //     client can move between nodes without a load balancer.
 //   - [Options.OnEvent] reports each step ([Event]); Dial retries too, and

@@ -46,9 +46,11 @@ const (
 	EventResumed
 	// EventCursorExpired: Sub could not be resumed from its cursor
 	// (X_CURSOR_EXPIRED, e.g. an ephemeral topic), or the server reset it
-	// while live (its persisted topic's log was deleted or made anew): it
-	// continues from a fresh snapshot, and messages between the old cursor
-	// and it are lost.
+	// while live (its persisted topic's log was deleted or made anew), or
+	// a take-over's two connections put it in two different logs of its
+	// persisted topic (see the package doc, Reconnecting): it continues
+	// from a fresh snapshot, and messages between the old cursor and it
+	// are lost.
 	EventCursorExpired
 	// EventSubscriptionFailed: the new connection refused Sub's resubscribe
 	// with Err; Sub has ended (its Patches channel is closed).

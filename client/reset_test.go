@@ -461,3 +461,114 @@ func TestSubscription_LogMadeDuringTakeOver(t *testing.T) {
 		}
 	}
 }
+
+// takeOverFromNoLog subscribes to a topic with no stream (snapshot digest
+// ""), starts a take-over, and returns the old and new connections and
+// the new connection's resume, sent from the start with no digest.
+func takeOverFromNoLog(t *testing.T) (context.Context, *recorder, *client.Subscription, *scriptConn, *scriptConn, *frames.Subscribe) {
+	t.Helper()
+	ctx, rec, c, s, sc1 := startScripted(t)
+	sub := subscribeScriptedAt(t, ctx, c, sc1, rec.handler(t), "")
+	sc1.send(t, &frames.Reconnect{AfterMs: 0, Reason: frames.ReasonDrain})
+	sc2 := s.next(t)
+	resume := expect[*frames.Subscribe](t, sc2)
+	if cur := resume.Target.Cursor; cur == nil || cur.LSN != lsnOf(0) || cur.Digest != "" {
+		t.Fatalf("resume cursor %+v, want the start with no digest", resume.Target.Cursor)
+	}
+	return ctx, rec, sub, sc1, sc2, resume
+}
+
+// sendMarked writes fs to the client, then a marker, and waits until the
+// client has read them all.
+func (sc *scriptConn) sendMarked(t *testing.T, rec *recorder, fs ...frames.Frame) {
+	t.Helper()
+	sc.send(t, append(fs, &frames.Ack{Ref: "marker"})...)
+	select {
+	case <-rec.marked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the old connection's frames were not read")
+	}
+}
+
+// checkSub checks what the handler saw, the cursor and the number of
+// EventCursorExpired.
+func checkSub(t *testing.T, rec *recorder, sub *client.Subscription, want string, lsn int, digest string, resets int) {
+	t.Helper()
+	if got := rec.waitData(t, len(strings.Split(want, ","))); strings.Join(got, ",") != want {
+		t.Fatalf("handler saw %v, want %s", got, want)
+	}
+	if cur := sub.Cursor(); cur.LSN != lsnOf(lsn) || cur.Digest != digest {
+		t.Fatalf("cursor %+v, want %s's at %s", cur, digest, lsnOf(lsn))
+	}
+	if n := rec.count(client.EventCursorExpired); n != resets {
+		t.Fatalf("%d EventCursorExpired, want %d", n, resets)
+	}
+}
+
+// As TestSubscription_LogMadeDuringTakeOver, but the new connection
+// answers the resume in another log, log:b (log:a, which the old
+// connection saw made, was deleted and log:b made meanwhile): the cursor
+// moves to log:b, so its records are not dropped as duplicates of
+// log:a's, and the reset is reported (log:a may have had records after
+// the cursor that never came).
+func TestSubscription_LogReplacedDuringTakeOver(t *testing.T) {
+	_, rec, sub, sc1, sc2, resume := takeOverFromNoLog(t)
+	sid := sub.SID()
+	sc1.sendMarked(t, rec, topicSnapshot(sid, 0, "log:a"), insert(sid, 1, "a1"), insert(sid, 2, "a2"))
+	sc2.send(t, &frames.Ack{Ref: resume.SID}, topicSnapshot(resume.SID, 0, "log:b"),
+		insert(sid, 1, "b1"), insert(sid, 2, "b2"), insert(sid, 3, "b3"))
+	checkSub(t, rec, sub, "a1,a2,b1,b2,b3", 3, "log:b", 1)
+}
+
+// The same, with the old connection reporting log:a's replacement (an
+// X_CURSOR_EXPIRED and a snapshot at log:b's start) before the new one
+// answers: the answer, with no error, is still the new position and
+// reports the reset, once.
+func TestSubscription_LogMadeThenReplacedDuringTakeOver(t *testing.T) {
+	_, rec, sub, sc1, sc2, resume := takeOverFromNoLog(t)
+	sid := sub.SID()
+	sc1.sendMarked(t, rec, topicSnapshot(sid, 0, "log:a"), insert(sid, 1, "a1"), insert(sid, 2, "a2"),
+		cursorExpired(sid), topicSnapshot(sid, 0, "log:b"), insert(sid, 1, "b1"))
+	sc2.send(t, &frames.Ack{Ref: resume.SID}, topicSnapshot(resume.SID, 0, "log:b"),
+		insert(sid, 1, "b1"), insert(sid, 2, "b2"), insert(sid, 3, "b3"))
+	checkSub(t, rec, sub, "a1,a2,b1,b2,b3", 3, "log:b", 1)
+}
+
+// The old connection reports log:a deleted with no stream after it (a
+// reset whose snapshot names no log), and the new connection answers the
+// resume with no log: the cursor leaves log:a for the start, the reset is
+// reported, and the log made later is taken from its start.
+func TestSubscription_LogMadeThenDeletedDuringTakeOver(t *testing.T) {
+	_, rec, sub, sc1, sc2, resume := takeOverFromNoLog(t)
+	sid := sub.SID()
+	sc1.sendMarked(t, rec, topicSnapshot(sid, 0, "log:a"), insert(sid, 1, "a1"), insert(sid, 2, "a2"),
+		cursorExpired(sid), topicSnapshot(sid, 0, ""))
+	sc2.send(t, &frames.Ack{Ref: resume.SID}, topicSnapshot(resume.SID, 0, ""),
+		topicSnapshot(sid, 0, "log:b"), insert(sid, 1, "b1"), insert(sid, 2, "b2"))
+	checkSub(t, rec, sub, "a1,a2,b1,b2", 2, "log:b", 1)
+}
+
+// The new connection answers the resume with no log (its node has not
+// seen the stream made yet) and then sends the log's making: if it names
+// the log the old connection saw made, its records continue the cursor
+// (the first ones dropped as duplicates) and nothing is reported; if it
+// names another (that log deleted and another made meanwhile), the
+// cursor moves to it and the reset is reported.
+func TestSubscription_LogMadeOnBothDuringTakeOver(t *testing.T) {
+	for _, tc := range []struct {
+		name, log, want string
+		resets          int
+	}{
+		{"the same log", "a", "a1,a2,a3", 0},
+		{"another log", "b", "a1,a2,b1,b2,b3", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, rec, sub, sc1, sc2, resume := takeOverFromNoLog(t)
+			sid := sub.SID()
+			sc1.sendMarked(t, rec, topicSnapshot(sid, 0, "log:a"), insert(sid, 1, "a1"), insert(sid, 2, "a2"))
+			sc2.send(t, &frames.Ack{Ref: resume.SID}, topicSnapshot(resume.SID, 0, ""), topicSnapshot(sid, 0, "log:"+tc.log),
+				insert(sid, 1, tc.log+"1"), insert(sid, 2, tc.log+"2"), insert(sid, 3, tc.log+"3"))
+			checkSub(t, rec, sub, tc.want, 3, "log:"+tc.log, tc.resets)
+		})
+	}
+}

@@ -36,6 +36,7 @@ type Subscription struct {
 	expiredOn *conn        // that add was answered X_CURSOR_EXPIRED
 	snapOn    *conn        // the connection whose snapshot s follows
 	resetOn   *conn        // snapOn said X_CURSOR_EXPIRED while live: its next snapshot is the new position
+	resetLate bool         // snapOn reset while the latest add was pending (a take-over): its answer is the new position
 	resume    *resumeGroup // the take-over waiting for its snapshot, or nil
 
 	// dmu is the delivery lock: two connections may carry patches for the
@@ -146,6 +147,7 @@ func (s *Subscription) addOnLocked(cn *conn, rg *resumeGroup) error {
 	}
 	s.via = cn
 	s.expiredOn = nil
+	s.resetLate = false
 	s.resume = rg
 	return nil
 }
@@ -242,6 +244,9 @@ func (cn *conn) handleFrameSnapshot(f *frames.Snapshot) {
 	if ok && s.snapOn == cn && s.resetOn == cn {
 		s.resetOn = nil
 		takeover := s.via != cn
+		if takeover {
+			s.resetLate = true
+		}
 		c.mu.Unlock()
 		s.reset(cn, f, takeover)
 		return
@@ -254,8 +259,11 @@ func (cn *conn) handleFrameSnapshot(f *frames.Snapshot) {
 		// after this snapshot and must find the cursor naming that log;
 		// logMade checks that cn's patches are the ones delivered.
 		c.mu.Unlock()
-		if !s.logMade(cn, f) {
+		switch made, reset := s.logMade(cn, f); {
+		case !made:
 			c.onFrame(f)
+		case reset:
+			c.emit(Event{Kind: EventCursorExpired, URL: cn.url, Sub: s})
 		}
 		return
 	}
@@ -266,6 +274,8 @@ func (cn *conn) handleFrameSnapshot(f *frames.Snapshot) {
 	}
 	s.snapOn = cn
 	expired := s.expiredOn == cn
+	resetLate := s.resetLate
+	s.resetLate = false
 	first := !s.settled
 	if first {
 		s.snapshot = f // read after ready is closed
@@ -293,6 +303,17 @@ func (cn *conn) handleFrameSnapshot(f *frames.Snapshot) {
 		s.cursor = f.Cursor
 	case s.cursor.QID == "":
 		s.cursor = f.Cursor
+	case s.cursor.Digest != "" && f.Cursor.Digest != s.cursor.Digest && (f.Cursor.Digest != "" || resetLate):
+		// Answered in another log than the one the cursor names: during
+		// the take-over the old connection moved the cursor into a log
+		// (made there, or replaced) after the resume went out from the
+		// cursor before it, and the new connection continues that one
+		// in the log it has, another (or none, the old one having
+		// reported its log gone). The two positions are in different
+		// logs: take the new connection's, and report the reset, since
+		// records of the cursor's log after it may never come.
+		s.cursor = f.Cursor
+		expired = true
 	case s.cursor.Digest == "" && f.Cursor.Digest != "" && f.Cursor.LSN == s.cursor.LSN:
 		// Resumed from a cursor that named no log (the topic had no
 		// stream, or it was built by hand): the server took it as a
@@ -345,18 +366,30 @@ func (cn *conn) handleResetAck(a *frames.Ack) bool {
 // none: the subscription was at the start with nothing after it, the new
 // log's start, so nothing is lost and the cursor only gains the log's
 // digest (with which a later resume tells this log from one made after
-// it). It reports false, leaving the cursor alone, for any other
-// snapshot.
-func (s *Subscription) logMade(cn *conn, f *frames.Snapshot) bool {
+// it). A cursor naming a log already got it from the old connection of a
+// take-over, the new one having answered with none: if f names that log,
+// its records after the cursor follow and the cursor stays; if another,
+// the cursor's log was deleted meanwhile, so the cursor moves to f and
+// reset reports that records of its old log may never come. made is false,
+// the cursor left alone, for any other snapshot.
+func (s *Subscription) logMade(cn *conn, f *frames.Snapshot) (made, reset bool) {
 	s.dmu.Lock()
 	defer s.dmu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.from != cn || s.cursor.Digest != "" || f.Cursor.Digest == "" || f.Cursor.QID != s.cursor.QID {
-		return false
+	if s.from != cn || f.Cursor.Digest == "" || f.Cursor.QID != s.cursor.QID {
+		return false, false
+	}
+	switch s.cursor.Digest {
+	case f.Cursor.Digest:
+		return true, false
+	case "":
+		s.cursor = f.Cursor
+		return true, false
 	}
 	s.cursor = f.Cursor
-	return true
+	s.resets++
+	return true, true
 }
 
 // reset moves the subscription to the snapshot f that followed a reset
@@ -364,8 +397,9 @@ func (s *Subscription) logMade(cn *conn, f *frames.Snapshot) bool {
 // gap) replaces the old one, so the patches that follow are not taken for
 // ones already seen. During a take-over (the subscription was resent on
 // another connection, which will answer from the cursor the Client had)
-// cn's patches are no longer delivered: the new connection's answer,
-// which also reports the reset, carries on.
+// cn's patches are no longer delivered: the new connection's answer
+// carries on, and reports the reset (resetLate) if it does not itself
+// continue the cursor's log.
 func (s *Subscription) reset(cn *conn, f *frames.Snapshot, takeover bool) {
 	s.dmu.Lock()
 	if takeover {
