@@ -57,11 +57,7 @@ func notFound(t *testing.T, db *storage.DB, topic string) {
 // X_CURSOR_EXPIRED.
 func TestPersisted_SubscribeMakesNoStream(t *testing.T) {
 	t.Parallel()
-	db, err := storage.Open(filepath.Join(t.TempDir(), "log.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
+	db := tempLog(t)
 	a := newAuthServer(t, gateway.Config{Log: db, Persist: []string{"chat:*"}}, nil, auth.Config{})
 
 	reader := gwtest.Dial(t, a.url, nil)
@@ -113,9 +109,7 @@ func TestPersisted_SubscribeMakesNoStream(t *testing.T) {
 	if ops := collect(t, reader, "s7", 1); ack.Error != nil || ops[0].LSN != *ack.LSN {
 		t.Fatalf("second publish %+v arrived as %+v", ack, ops)
 	}
-	if m := scrape(t, a.ts.URL); !strings.Contains(m, `syncgate_resumes_total{outcome="expired"} 0`) {
-		t.Fatalf("a reset was counted:\n%s", grepLines(m, "syncgate_resumes_total"))
-	}
+	noExpiredCursors(t, a.ts.URL)
 }
 
 // A stream made over HTTP (PUT with records) while a topic has
@@ -241,11 +235,7 @@ func (l *hiddenLog) Head(ctx context.Context, name string) (storage.Info, error)
 // told the log was deleted and sent the whole log again.
 func TestPersisted_ResumeOnAnotherNodeBeforeItSawTheStream(t *testing.T) {
 	t.Parallel()
-	db, err := storage.Open(filepath.Join(t.TempDir(), "log.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
+	db := tempLog(t)
 	a := newTestServer(t, gateway.Config{Log: db, Persist: []string{"chat:*"}})
 	blog := &hiddenLog{DB: db}
 	blog.hidden.Store(true)
@@ -306,9 +296,7 @@ func TestPersisted_ResumeOnAnotherNodeBeforeItSawTheStream(t *testing.T) {
 			t.Fatalf("live record %d at %s, want %s", i, op.LSN, want)
 		}
 	}
-	if m := scrape(t, b.ts.URL); !strings.Contains(m, `syncgate_resumes_total{outcome="expired"} 0`) {
-		t.Fatalf("B counted an expired cursor:\n%s", grepLines(m, "syncgate_resumes_total"))
-	}
+	noExpiredCursors(t, b.ts.URL)
 }
 
 // An HTTP append (POST, the publish grant) at a persisted topic's name
@@ -394,11 +382,7 @@ func TestPersisted_HTTPPostRefusedMakesNoStream(t *testing.T) {
 // the publish grant (as a WebSocket publish), not manage.
 func TestPersisted_HTTPPostMakesTheStreamWithPublish(t *testing.T) {
 	t.Parallel()
-	db, err := storage.Open(filepath.Join(t.TempDir(), "log.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
+	db := tempLog(t)
 	a := newAuthServer(t, gateway.Config{Log: db, Persist: []string{"chat:*"}}, nil, auth.Config{})
 	url := a.ts.URL + "/v1/stream/chat:backend"
 	reader := sign(t, jwt.SigningMethodHS256, testSecret, a.claims("reader", time.Hour, auth.TopicClaims{Subscribe: []string{"chat:*"}}))
@@ -756,4 +740,25 @@ func TestPersisted_ResumeOfALogReplacedBeforeTheTailerSawIt(t *testing.T) {
 	if op := collect(t, live, "l", 1)[0]; op.LSN != storage.FormatOffset(1) {
 		t.Fatalf("live: first record of D2 at %s", op.LSN)
 	}
+}
+
+// noExpiredCursors fails the test if the node at url has counted a resume
+// whose cursor expired (a reset its clients were told of).
+func noExpiredCursors(t *testing.T, url string) {
+	t.Helper()
+	if m := scrape(t, url); !strings.Contains(m, `syncgate_resumes_total{outcome="expired"} 0`) {
+		t.Fatalf("a resume's cursor was counted as expired:\n%s", grepLines(m, "syncgate_resumes_total"))
+	}
+}
+
+// tempLog opens a stream log in the test's temporary directory, closed
+// when the test ends.
+func tempLog(t *testing.T) *storage.DB {
+	t.Helper()
+	db, err := storage.Open(filepath.Join(t.TempDir(), "log.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
 }
