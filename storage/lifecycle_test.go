@@ -416,6 +416,17 @@ func TestDB_ProducerExpiry(t *testing.T) {
 	}
 }
 
+// TestDB_ProducerExpiryAtTheTTL: maintenance removes a producer idle for
+// exactly ProducerTTL, the moment from which the append path forgets it.
+func TestDB_ProducerExpiryAtTheTTL(t *testing.T) {
+	clk, db := producerTTLLog(t, "x")
+	clk.Advance(time.Hour)
+	maintain(t, db)
+	if n, _, err := db.ProducerStatesForTest("s"); err != nil || n != 0 {
+		t.Fatalf("%d producer states after ProducerTTL idle (%v), want 0", n, err)
+	}
+}
+
 // TestDB_ProducerExpiryOnAppend: a producer idle past ProducerTTL is
 // forgotten by the append that finds it, before any maintenance pass has
 // removed it: its seq 0 is a new record, not a duplicate of the old one.

@@ -196,7 +196,7 @@ func (b *batch1) expireProducers(ws *wstream) (int, error) {
 		}
 		// Only the last use matters here: prodUsed reads it without
 		// decoding the state's history (a corrupt state sorts first).
-		if prodUsed(v) < limit {
+		if prodUsed(v) <= limit { // idle for ProducerTTL or more, as the append path forgets
 			keys = append(keys, append([]byte(nil), k...))
 		}
 	}
