@@ -86,6 +86,40 @@ func BenchmarkDB_Read(b *testing.B) {
 	}
 }
 
+// BenchmarkDB_ReadForkChain: a Read of a page of 100 records of 200 bytes
+// at the tip of a fork chain of depth 0 (no fork) and MaxForkDepth, whose
+// records all come from the chain's root; the chain's metas are in the
+// read cache, as a tip read often is.
+func BenchmarkDB_ReadForkChain(b *testing.B) {
+	for _, depth := range []int{0, storage.MaxForkDepth} {
+		b.Run(fmt.Sprintf("depth=%d", depth), func(b *testing.B) {
+			db := openDB(b, &storage.Options{NoSync: true})
+			recs := make([][]byte, 1000)
+			for i := range recs {
+				recs[i] = make([]byte, 200)
+			}
+			if _, _, err := db.Create(b.Context(), "f0", storage.CreateOptions{Records: recs}); err != nil {
+				b.Fatal(err)
+			}
+			tip := "f0"
+			for d := 1; d <= depth; d++ {
+				name := fmt.Sprint("f", d)
+				if _, _, err := db.Create(b.Context(), name, storage.CreateOptions{ForkFrom: tip}); err != nil {
+					b.Fatal(err)
+				}
+				tip = name
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				if _, err := db.Read(b.Context(), tip, storage.FormatOffset(uint64(i%900)), 100*200); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
 // BenchmarkDB_WaitRead measures the tailing read path the gateway runs
 // per persisted topic at a low per-topic rate: in each round one appender
 // appends one 200-byte record to each of streams streams (AppendAsync, no
