@@ -77,7 +77,9 @@ const (
 	replayFrameBytes = 32 << 10
 )
 
-// tailRetry is how long a tailer waits after a failed log call.
+// tailRetry is how long a tailer waits after a failed log call, and how
+// often a tailer with no stream looks for one made elsewhere (one made
+// through this node wakes it at once: streamMade).
 const tailRetry = time.Second
 
 // persisted reports whether topic is a persisted topic.
