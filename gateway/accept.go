@@ -133,9 +133,10 @@ func (s *Server) checkOrigin(w http.ResponseWriter, r *http.Request) bool {
 
 // retryAfter is a Retry-After value for d: whole seconds, rounded up, at
 // least 1.
-func retryAfter(d time.Duration) string {
-	return strconv.FormatInt(max(1, int64((d+time.Second-1)/time.Second)), 10)
-}
+func retryAfter(d time.Duration) string { return strconv.FormatInt(retrySecs(d), 10) }
+
+// retrySecs is d in whole seconds, rounded up, at least 1.
+func retrySecs(d time.Duration) int64 { return max(1, int64((d+time.Second-1)/time.Second)) }
 
 // refusePlain answers 503 with Retry-After.
 func (s *Server) refusePlain(w http.ResponseWriter, reason string, after time.Duration) {

@@ -15,7 +15,6 @@ package gateway
 import (
 	"errors"
 	"fmt"
-	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -256,8 +255,8 @@ func (s *Server) checkStreamToken(h http.Header, r *http.Request, v TokenVerifie
 	bk, retry := b.begin(key, s.cfg.Now())
 	if bk == nil {
 		s.metrics.httpTokensLimited.Inc()
-		secs := max(1, int(math.Ceil(retry.Seconds())))
-		h.Set("Retry-After", strconv.Itoa(secs))
+		secs := retrySecs(retry)
+		h.Set("Retry-After", retryAfter(retry))
 		return nil, &requestError{http.StatusTooManyRequests, fmt.Sprintf(
 			"too many refused tokens from this address (at most %s a second are checked, bursts of %d): this token was not checked; retry after %d s",
 			formatRate(float64(b.limit)), b.burst, secs)}
@@ -299,8 +298,8 @@ func (s *Server) limitWrite(h http.Header, r *http.Request, id *auth.Identity) *
 		return nil
 	}
 	s.metrics.httpRateLimited.Inc()
-	secs := max(1, int(math.Ceil(retry.Seconds())))
-	h.Set("Retry-After", strconv.Itoa(secs))
+	secs := retrySecs(retry)
+	h.Set("Retry-After", retryAfter(retry))
 	return &requestError{http.StatusTooManyRequests, fmt.Sprintf(
 		"too many writes for this token's sub: at most %s a second (bursts of %d) across its requests; retry after %d s",
 		formatRate(float64(s.httpWriters.limit)), s.httpWriters.burst, secs)}
