@@ -80,8 +80,7 @@ func newAcceptBudget(r float64, b, maxSessions int, rnd *rand.Rand) *acceptBudge
 // release once the session (or the failed attempt) is over. On refusal it
 // returns the reason and how long the client should wait.
 func (a *acceptBudget) admit(now time.Time) (ok bool, reason string, after time.Duration) {
-	if n := a.active.Add(1); a.max >= 0 && n > a.max {
-		a.active.Add(-1)
+	if !a.hold() {
 		return false, rejectMaxSessions, a.jitter(fullDelayMin, fullDelayMax)
 	}
 	if a.lim == nil {
