@@ -83,7 +83,7 @@ type Verifier struct {
 	algs     []string // accepted algorithms, in the order HS256, RS256, ES256
 	maxBytes int
 	parser   *jwt.Parser
-	now      func() time.Time
+	cache    *tokenCache // the tokens verified (cache.go)
 }
 
 // Identity is what a verified token says about its bearer.
@@ -181,7 +181,7 @@ func New(cfg Config) (*Verifier, error) {
 	if now == nil {
 		now = time.Now
 	}
-	v.now = now
+	v.cache = newTokenCache(maxCachedTokens, now)
 	opts := []jwt.ParserOption{
 		jwt.WithValidMethods(v.algs),
 		jwt.WithExpirationRequired(),
@@ -206,11 +206,6 @@ type KeyInfo struct {
 	KID string // "" when the key has none
 }
 
-// Now is the time by the Verifier's clock (Config.Now), the one Verify
-// compares exp with: a caller that keeps verified identities for a while
-// tells their expiry by it.
-func (v *Verifier) Now() time.Time { return v.now() }
-
 // Keys lists the configured keys: the secret (if any) first, then the
 // public keys in file order.
 func (v *Verifier) Keys() []KeyInfo {
@@ -226,10 +221,35 @@ func (v *Verifier) Keys() []KeyInfo {
 
 // Verify checks token and returns who it names and what it grants. The
 // error wraps one of the package's sentinels and never contains the token.
+// A token it has verified before is answered from memory, with the same
+// *Identity, until its exp (see [Verifier.Cached]); the caller must not
+// modify the Identity.
 func (v *Verifier) Verify(token string) (*Identity, error) {
 	if len(token) > v.maxBytes {
 		return nil, fmt.Errorf("%w: %d bytes, over the limit of %d", ErrTooLarge, len(token), v.maxBytes)
 	}
+	if id, ok := v.cache.get(token); ok {
+		return id, nil
+	}
+	id, err := v.verify(token)
+	if err == nil {
+		v.cache.put(token, id)
+	}
+	return id, err
+}
+
+// Cached returns token's identity if Verify has verified it and it has
+// not reached its exp by the Verifier's clock; it checks no signature.
+// Up to 16,384 tokens are remembered, by their SHA-256 (cache.go).
+func (v *Verifier) Cached(token string) (*Identity, bool) {
+	if len(token) > v.maxBytes {
+		return nil, false
+	}
+	return v.cache.get(token)
+}
+
+// verify is Verify without the cache.
+func (v *Verifier) verify(token string) (*Identity, error) {
 	if i := strings.IndexFunc(token, notCompactJWS); i >= 0 {
 		// Go's base64 decoder skips '\r' and '\n', so without this a
 		// token with line breaks in it would verify as the same token

@@ -19,8 +19,10 @@ import (
 // token takes one, a token that verifies takes none, and once the bucket
 // is empty the address's requests that carry a token are answered 429
 // with Retry-After before their token is looked at. A good token among
-// them is refused too: telling it apart would cost the check the budget
-// saves. A request without a token is a cheap 401 and is not counted.
+// them is refused too (telling it apart would cost the check the budget
+// saves), unless the verifier remembers it as verified (auth's
+// Verifier.Cached, verifyStreamToken). A request without a token is a
+// cheap 401 and is not counted.
 //
 // A check under way counts as refused until it ends: an address is let
 // start a check only while its bucket holds more tokens than it has

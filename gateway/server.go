@@ -63,7 +63,6 @@ type Server struct {
 
 	httpWriters *writerLimits   // HTTP stream writes per token sub (limits.go); nil without token keys or frame rate
 	badTokens   *badTokenBudget // HTTP stream token checks per client address (badtoken.go); nil without token keys or when off
-	tokens      *tokenCache     // HTTP stream tokens verified (tokencache.go); nil unless the Verifier is an *auth.Verifier
 
 	randMu sync.Mutex
 	rnd    *rand.Rand // guarded by randMu: drain slots and refusal jitter
@@ -117,12 +116,6 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Verifier != nil {
 		s.httpWriters = newWriterLimits(cfg.FrameRate, cfg.FrameBurst)
 		s.badTokens = newBadTokenBudget(cfg.BadTokenRate, cfg.BadTokenBurst, maxBadTokenAddrs)
-		if v, ok := cfg.Verifier.(*auth.Verifier); ok {
-			// Immutable: what it verified stays verified until exp (by
-			// its clock). Another TokenVerifier may revoke, so it
-			// decides each time.
-			s.tokens = newTokenCache(maxCachedTokens, v.Now)
-		}
 	}
 	// The budget gets a source of its own, drawn from cfg.Rand, so a
 	// seeded cfg.Rand makes both deterministic.

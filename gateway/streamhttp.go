@@ -227,21 +227,26 @@ func (s *Server) authorizeStream(h http.Header, r *http.Request, name string) (*
 	return id, nil
 }
 
-// verifyStreamToken checks a stream request's token with v, unless it
-// verified before and has not reached its exp (tokencache.go), within the
+// verifyStreamToken checks a stream request's token with v, within the
 // bad-token budget of the request's client address (badtoken.go): once
 // the address has spent it, the request gets 429 with Retry-After set in
-// h, and its token is not checked. A refused token is a 401 with its
-// challenge set in h.
+// h, and its token is not checked, unless v remembers it as verified and
+// not yet expired (a TokenVerifier with a Cached method, as
+// *auth.Verifier has). A refused token is a 401 with its challenge set in
+// h.
 func (s *Server) verifyStreamToken(h http.Header, r *http.Request, v TokenVerifier, token string) (*auth.Identity, *requestError) {
-	if id, ok := s.tokens.get(token); ok {
-		return id, nil
+	if c, ok := v.(cachedVerifier); ok {
+		if id, ok := c.Cached(token); ok {
+			return id, nil
+		}
 	}
-	id, rerr := s.checkStreamToken(h, r, v, token)
-	if rerr == nil {
-		s.tokens.put(token, id)
-	}
-	return id, rerr
+	return s.checkStreamToken(h, r, v, token)
+}
+
+// cachedVerifier is a TokenVerifier that remembers what it verified
+// (*auth.Verifier): a remembered token passes the bad-token budget.
+type cachedVerifier interface {
+	Cached(token string) (*auth.Identity, bool)
 }
 
 // checkStreamToken is verifyStreamToken's check, within the bad-token

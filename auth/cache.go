@@ -1,52 +1,50 @@
-package gateway
+package auth
 
 import (
 	"crypto/sha256"
 	"sync"
 	"time"
-
-	"github.com/syncgate/syncgate/auth"
 )
 
-// tokenCache remembers the identities of tokens the HTTP stream API has
-// verified, so a client that sends the same token with every request (as
-// a stream reader or writer does) pays for its signature check once, and
-// is still served while its address has spent its bad-token budget
-// (badtoken.go): behind a proxy every client shares that budget, and
-// one client's refused tokens would otherwise lock the others out.
+// tokenCache remembers the identities of the tokens a Verifier has
+// verified, so a client that sends the same token again (an HTTP stream
+// reader or writer with every request, a WebSocket client with each
+// reconnect of a drain's wave) pays for its signature check once. The
+// gateway also lets a remembered token through while its client address
+// has spent its budget of refused tokens ([Verifier.Cached]): behind a
+// proxy every client shares that budget, and one client's refused tokens
+// would otherwise lock the others out.
 //
 // An entry is keyed by the token's SHA-256, so the cache keeps no token,
 // and a token that differs in any byte is a miss. It is used only before
-// the identity's Expires: from then on Verify decides again, with its
-// leeway. It is used only with an *auth.Verifier, which is immutable (its
-// keys, audience and issuer are fixed at start), so nothing else can make
-// a verified token go bad; another TokenVerifier might revoke tokens, and
-// is asked every time.
-// When full, expired entries go first, then arbitrary ones (Go's map
-// order) until an eighth is free: a miss costs only the check the
-// cache would have saved.
+// the identity's Expires by the Verifier's clock: from then on Verify
+// decides again, with its leeway. A Verifier is immutable (its keys,
+// audience and issuer are fixed by New), so nothing else can make a
+// verified token go bad. When full, expired entries go first, then
+// arbitrary ones (Go's map order) until an eighth is free: a miss costs
+// only the check the cache would have saved.
 type tokenCache struct {
 	max int              // static: the most entries kept
 	now func() time.Time // static: the verifier's clock, which Verify compares exp with
 
 	mu sync.Mutex
-	m  map[[sha256.Size]byte]*auth.Identity // guarded by mu
+	m  map[[sha256.Size]byte]*Identity // guarded by mu
 }
 
 // maxCachedTokens bounds the token cache: an entry is the key, a map
-// slot and a shared *auth.Identity (its grants' patterns included), a
-// few hundred bytes for the usual token, so a few MiB at most.
+// slot and a shared *Identity (its grants' patterns included), a few
+// hundred bytes for the usual token, so a few MiB at most.
 const maxCachedTokens = 1 << 14
 
 // newTokenCache returns a cache of at most max tokens whose expiry is
 // told by now, the verifier's clock.
 func newTokenCache(max int, now func() time.Time) *tokenCache {
-	return &tokenCache{max: max, now: now, m: map[[sha256.Size]byte]*auth.Identity{}}
+	return &tokenCache{max: max, now: now, m: map[[sha256.Size]byte]*Identity{}}
 }
 
 // get returns token's identity if it was verified and has not reached
 // its exp. A nil cache has nothing.
-func (c *tokenCache) get(token string) (*auth.Identity, bool) {
+func (c *tokenCache) get(token string) (*Identity, bool) {
 	if c == nil {
 		return nil, false
 	}
@@ -68,7 +66,7 @@ func (c *tokenCache) get(token string) (*auth.Identity, bool) {
 // put records that token verified as id, unless id has reached its exp
 // (Verify's leeway let it through: not worth keeping). A nil cache keeps
 // nothing.
-func (c *tokenCache) put(token string, id *auth.Identity) {
+func (c *tokenCache) put(token string, id *Identity) {
 	if c == nil {
 		return
 	}

@@ -1,0 +1,107 @@
+package auth
+
+import (
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+)
+
+// TestTokenCache_Bounded: a full cache makes room by dropping its expired
+// entries first, then arbitrary ones until an eighth is free; it never
+// holds more than its bound, and what it serves has not reached its exp.
+func TestTokenCache_Bounded(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_700_000_000, 0)
+	c := newTokenCache(64, func() time.Time { return now })
+	soon := &Identity{ActorID: "soon", Expires: now.Add(time.Minute)}
+	later := &Identity{ActorID: "later", Expires: now.Add(time.Hour)}
+	for i := range 64 {
+		id := later
+		if i%2 == 0 {
+			id = soon
+		}
+		c.put("t"+strconv.Itoa(i), id)
+	}
+	if len(c.m) != 64 {
+		t.Fatalf("%d entries after 64 puts into a cache of 64", len(c.m))
+	}
+	// A minute on, the 32 "soon" entries have expired: the next put
+	// drops them and keeps every "later" one.
+	now = now.Add(time.Minute)
+	c.put("new", later)
+	if len(c.m) != 33 {
+		t.Fatalf("%d entries after the expired went, want 33", len(c.m))
+	}
+	for i := 1; i < 64; i += 2 {
+		if _, ok := c.get("t" + strconv.Itoa(i)); !ok {
+			t.Fatalf("unexpired entry t%d was dropped", i)
+		}
+	}
+	if _, ok := c.get("t0"); ok {
+		t.Fatal("an entry at its exp was served")
+	}
+	// Full of unexpired entries: arbitrary ones go, an eighth at once.
+	for i := range 1000 {
+		c.put("more"+strconv.Itoa(i), later)
+		if len(c.m) > 64 {
+			t.Fatalf("%d entries, over the bound of 64", len(c.m))
+		}
+	}
+	if _, ok := c.get("more999"); !ok {
+		t.Fatal("the newest entry was dropped")
+	}
+	// An identity already at its exp (Verify's leeway let it through) is
+	// not kept.
+	c.put("late", &Identity{Expires: now})
+	if _, ok := c.get("late"); ok {
+		t.Fatal("an identity at its exp was kept")
+	}
+	var nilCache *tokenCache
+	nilCache.put("x", later)
+	if _, ok := nilCache.get("x"); ok {
+		t.Fatal("a nil cache served a token")
+	}
+}
+
+// TestVerifier_RemembersVerifiedTokens: Verify remembers a token it
+// passed, by the Verifier's clock until the token's exp: Cached answers
+// for it, and Verify answers from memory with the same Identity. A
+// refused token and one never verified are not remembered; past exp the
+// token is checked again (and refused, with no leeway).
+func TestVerifier_RemembersVerifiedTokens(t *testing.T) {
+	t.Parallel()
+	now := testNow
+	v := newVerifier(t, Config{Secret: testSecret, Leeway: -1, Now: func() time.Time { return now }})
+	c := claims()
+	good := sign(t, jwt.SigningMethodHS256, testSecret, "", c)
+	forged := sign(t, jwt.SigningMethodHS256, []byte("another secret, also 32 bytes long or more"), "", c)
+	if _, ok := v.Cached(good); ok {
+		t.Fatal("a token never verified is cached")
+	}
+	id, err := v.Verify(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := v.Cached(good); !ok || got != id {
+		t.Fatalf("Cached after Verify = %v, %v; want the same identity", got, ok)
+	}
+	if again, err := v.Verify(good); err != nil || again != id {
+		t.Fatalf("Verify again = %v, %v; want the remembered identity", again, err)
+	}
+	if _, err := v.Verify(forged); err == nil {
+		t.Fatal("forged token verified")
+	}
+	if _, ok := v.Cached(forged); ok {
+		t.Fatal("a refused token is cached")
+	}
+	now = c.ExpiresAt.Time
+	if _, ok := v.Cached(good); ok {
+		t.Fatal("a token at its exp is still cached")
+	}
+	if _, err := v.Verify(good); !errors.Is(err, ErrExpired) {
+		t.Fatalf("Verify at exp with no leeway: %v, want ErrExpired", err)
+	}
+}
