@@ -17,8 +17,9 @@ import (
 //
 // An entry is keyed by the token's SHA-256, so the cache keeps no token,
 // and a token that differs in any byte is a miss. It is used only before
-// the identity's Expires by the Verifier's clock: from then on Verify
-// decides again, with its leeway. A Verifier is immutable (its keys,
+// the identity's Expires by the Verifier's clock, and not while the clock
+// is behind the time the token was verified: otherwise Verify decides
+// again, with its leeway, so the cache answers only what Verify would. A Verifier is immutable (its keys,
 // audience and issuer are fixed by New), so nothing else can make a
 // verified token go bad. When full, expired entries go first, then
 // arbitrary ones (Go's map order) until an eighth is free: a miss costs
@@ -28,22 +29,31 @@ type tokenCache struct {
 	now func() time.Time // static: the verifier's clock, which Verify compares exp with
 
 	mu sync.Mutex
-	m  map[[sha256.Size]byte]*Identity // guarded by mu
+	m  map[[sha256.Size]byte]cached // guarded by mu
+}
+
+// cached is a remembered token's identity and when it was verified.
+type cached struct {
+	id *Identity
+	at time.Time
 }
 
 // maxCachedTokens bounds the token cache: an entry is the key, a map
 // slot and a shared *Identity (its grants' patterns included), a few
-// hundred bytes for the usual token, so a few MiB at most.
+// hundred bytes for the usual token, so a few MiB (tokens of 8 KiB of
+// claims, which only the issuer can mint, would make it about 100 MiB).
 const maxCachedTokens = 1 << 14
 
 // newTokenCache returns a cache of at most max tokens whose expiry is
 // told by now, the verifier's clock.
 func newTokenCache(max int, now func() time.Time) *tokenCache {
-	return &tokenCache{max: max, now: now, m: map[[sha256.Size]byte]*Identity{}}
+	return &tokenCache{max: max, now: now, m: map[[sha256.Size]byte]cached{}}
 }
 
 // get returns token's identity if it was verified and has not reached
-// its exp. A nil cache has nothing.
+// its exp, and the clock is not behind the time it was verified (stepped
+// back, the token might be before its nbf or iat again: Verify decides).
+// A nil cache has nothing.
 func (c *tokenCache) get(token string) (*Identity, bool) {
 	if c == nil {
 		return nil, false
@@ -52,15 +62,15 @@ func (c *tokenCache) get(token string) (*Identity, bool) {
 	k := sha256.Sum256([]byte(token))
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	id, ok := c.m[k]
+	e, ok := c.m[k]
 	if !ok {
 		return nil, false
 	}
-	if !now.Before(id.Expires) {
+	if now.Before(e.at) || !now.Before(e.id.Expires) {
 		delete(c.m, k)
 		return nil, false
 	}
-	return id, true
+	return e.id, true
 }
 
 // put records that token verified as id, unless id has reached its exp
@@ -80,15 +90,15 @@ func (c *tokenCache) put(token string, id *Identity) {
 	if _, ok := c.m[k]; !ok && len(c.m) >= c.max {
 		c.evictLocked(now)
 	}
-	c.m[k] = id
+	c.m[k] = cached{id, now}
 }
 
 // evictLocked makes room: every expired entry goes, and arbitrary ones
 // until an eighth of the cache is free, so the sweep of the whole map
 // runs at most once per max/8 new tokens.
 func (c *tokenCache) evictLocked(now time.Time) {
-	for k, id := range c.m {
-		if !now.Before(id.Expires) {
+	for k, e := range c.m {
+		if !now.Before(e.id.Expires) {
 			delete(c.m, k)
 		}
 	}

@@ -105,3 +105,32 @@ func TestVerifier_RemembersVerifiedTokens(t *testing.T) {
 		t.Fatalf("Verify at exp with no leeway: %v, want ErrExpired", err)
 	}
 }
+
+// TestVerifier_Verify_rememberedOnlyAsVerified: the cache answers only what
+// Verify would: not once the clock is stepped back before the time the
+// token was verified (it may be before its nbf again), and not for a token
+// that differs from a remembered one by a byte Verify refuses.
+func TestVerifier_Verify_rememberedOnlyAsVerified(t *testing.T) {
+	t.Parallel()
+	now := testNow
+	v := newVerifier(t, Config{Secret: testSecret, Leeway: -1, Now: func() time.Time { return now }})
+	good := sign(t, jwt.SigningMethodHS256, testSecret, "", claims()) // nbf a minute before testNow
+	if _, err := v.Verify(good); err != nil {
+		t.Fatal(err)
+	}
+	for _, odd := range []string{good + "\n", good + "=", " " + good, good[:10] + "\n" + good[10:]} {
+		if _, err := v.Verify(odd); !errors.Is(err, ErrMalformed) {
+			t.Errorf("Verify(%q): %v, want ErrMalformed", odd, err)
+		}
+		if _, ok := v.Cached(odd); ok {
+			t.Errorf("Cached(%q) answered", odd)
+		}
+	}
+	now = testNow.Add(-2 * time.Minute) // before the token's nbf
+	if _, ok := v.Cached(good); ok {
+		t.Fatal("Cached answered with the clock behind the verification")
+	}
+	if _, err := v.Verify(good); !errors.Is(err, ErrNotYetValid) {
+		t.Fatalf("Verify before nbf: %v, want ErrNotYetValid", err)
+	}
+}

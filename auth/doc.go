@@ -74,6 +74,7 @@
 //
 // # Concurrency
 //
-// A Verifier, Grants and an OriginPolicy are immutable after construction
-// and safe for concurrent use.
+// Grants and an OriginPolicy are immutable after construction; a
+// Verifier's configuration is (it remembers what it verified, under a
+// lock). All are safe for concurrent use.
 package auth

@@ -76,7 +76,9 @@ type Config struct {
 	Now func() time.Time
 }
 
-// Verifier checks tokens. It is immutable and safe for concurrent use.
+// Verifier checks tokens. Its configuration is fixed by New; it is safe
+// for concurrent use. It remembers the tokens it verified (cache.go), and
+// the *Identity it returns for one is shared: callers must not change it.
 type Verifier struct {
 	secret   []byte // nil: no HS256
 	keys     []publicKey

@@ -129,7 +129,8 @@ type Config struct {
 	// token takes one from its address's bucket, one that verifies takes
 	// none. Once the bucket is empty, the address's requests that carry a
 	// token get 429 with Retry-After without their token being checked,
-	// good tokens included, until it refills (badtoken.go). The WebSocket
+	// good tokens included (except those an *auth.Verifier remembers as
+	// verified), until it refills (badtoken.go). The WebSocket
 	// hello does not use it: the accept budget meters each hello's check.
 	// Zero means 10 per second; negative turns the budget off.
 	// BadTokenBurst zero means twice BadTokenRate (at least 1). Without a

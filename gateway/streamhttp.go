@@ -230,23 +230,18 @@ func (s *Server) authorizeStream(h http.Header, r *http.Request, name string) (*
 // verifyStreamToken checks a stream request's token with v, within the
 // bad-token budget of the request's client address (badtoken.go): once
 // the address has spent it, the request gets 429 with Retry-After set in
-// h, and its token is not checked, unless v remembers it as verified and
-// not yet expired (a TokenVerifier with a Cached method, as
-// *auth.Verifier has). A refused token is a 401 with its challenge set in
-// h.
+// h, and its token is not checked, unless v is the built-in
+// *auth.Verifier and remembers it as verified (auth.Verifier.Cached). Only
+// that exact type: a custom TokenVerifier that embeds one (to add a
+// revocation list, say) would inherit Cached, and its own refusals would
+// be passed over. A refused token is a 401 with its challenge set in h.
 func (s *Server) verifyStreamToken(h http.Header, r *http.Request, v TokenVerifier, token string) (*auth.Identity, *requestError) {
-	if c, ok := v.(cachedVerifier); ok {
-		if id, ok := c.Cached(token); ok {
+	if av, ok := v.(*auth.Verifier); ok {
+		if id, ok := av.Cached(token); ok {
 			return id, nil
 		}
 	}
 	return s.checkStreamToken(h, r, v, token)
-}
-
-// cachedVerifier is a TokenVerifier that remembers what it verified
-// (*auth.Verifier): a remembered token passes the bad-token budget.
-type cachedVerifier interface {
-	Cached(token string) (*auth.Identity, bool)
 }
 
 // checkStreamToken is verifyStreamToken's check, within the bad-token

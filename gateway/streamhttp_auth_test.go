@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"fmt"
 	"net"
 	"net/http"
 	"strconv"
@@ -391,7 +392,9 @@ func TestStreamHTTP_BadTokenBudget(t *testing.T) {
 	if !strings.Contains(r.body, "too many refused tokens") {
 		t.Errorf("429 body %q does not say why", r.body)
 	}
-	// Unchecked, the good token cannot be told from a forged one.
+	// Unchecked, the good token cannot be told from a forged one (only
+	// the built-in *auth.Verifier's remembered tokens pass; this one is
+	// wrapped).
 	s.do(t, "GET", p, good, "").want(t, 429).wantHeader(t, "Retry-After", "1")
 	s.do(t, "POST", p, good, "x").want(t, 429)
 	checks(9)
@@ -480,6 +483,41 @@ func TestStreamHTTP_TokenCacheKeepsTheVerifiersTime(t *testing.T) {
 	s.do(t, "GET", p, bearer, "").want(t, 200)
 	clock.Advance(time.Hour)
 	s.do(t, "GET", p, bearer, "").want(t, 401)
+}
+
+// revokingVerifier is a custom TokenVerifier built on the built-in one:
+// it refuses the revoked token after the built-in check passed it (which
+// the built-in one then remembers).
+type revokingVerifier struct {
+	*auth.Verifier
+	revoked string
+}
+
+func (r *revokingVerifier) Verify(token string) (*auth.Identity, error) {
+	id, err := r.Verifier.Verify(token)
+	if err == nil && token == r.revoked {
+		return nil, fmt.Errorf("%w: revoked", auth.ErrBadClaims)
+	}
+	return id, err
+}
+
+// TestStreamHTTP_CustomVerifierIsAlwaysAsked: a custom TokenVerifier that
+// embeds the built-in one inherits its memory of verified tokens, but the
+// stream API does not take that memory for the custom one's word: a token
+// it revokes is refused every time.
+func TestStreamHTTP_CustomVerifierIsAlwaysAsked(t *testing.T) {
+	t.Parallel()
+	v, err := auth.New(auth.Config{Secret: testSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := sign(t, jwt.SigningMethodHS256, testSecret, auth.Claims{
+		RegisteredClaims: jwt.RegisteredClaims{Subject: "u", ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))},
+		Topics:           auth.TopicClaims{Subscribe: []string{"**"}, Manage: []string{"**"}}})
+	s := newStreamServer(t, gateway.Config{Verifier: &revokingVerifier{Verifier: v, revoked: tok}})
+	h := hdr("Authorization", "Bearer "+tok, "Content-Type", "text/plain")
+	s.do(t, "PUT", "/v1/stream/s", h, "").want(t, 401)
+	s.do(t, "PUT", "/v1/stream/s", h, "").want(t, 401)
 }
 
 // TestStreamHTTP_BadTokenChecksUnderWay: a token check under way holds

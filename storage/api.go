@@ -126,7 +126,7 @@ type Info struct {
 //     [AppendResult].Duplicate), Seq == lastSeq+1 is admitted, a larger Seq
 //     is KindGap naming the expected and received seq.
 //
-// A producer idle longer than [Options].ProducerTTL, or forgotten to keep
+// A producer idle for [Options].ProducerTTL or longer, or forgotten to keep
 // its stream within [Options].MaxProducersPerStream, is an unknown ID
 // again.
 //

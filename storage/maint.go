@@ -176,7 +176,7 @@ func (b *batch1) prune(ws *wstream) (int, error) {
 	return len(keys), nil
 }
 
-// expireProducers deletes ws's producers idle for longer than ProducerTTL,
+// expireProducers deletes ws's producers idle for ProducerTTL or longer,
 // at most PruneBatch, and keeps the bucket's count of them (producers.go)
 // right: exact when the walk saw every key.
 func (b *batch1) expireProducers(ws *wstream) (int, error) {
