@@ -122,6 +122,35 @@ func intSetting(p func(*config) *int) func(*config, string) error {
 	}
 }
 
+// rateSetting parses a rate per second into *p: a positive number (at
+// most 1e9), or off, stored as -1.
+func rateSetting(p func(*config) *float64) func(*config, string) error {
+	return func(c *config, v string) error {
+		if v == "off" {
+			*p(c) = -1
+			return nil
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(f > 0) || f > 1e9 {
+			return fmt.Errorf("want a positive number or off, got %q", v)
+		}
+		*p(c) = f
+		return nil
+	}
+}
+
+// wordIntSetting parses a positive integer into *p, or word (off, auto),
+// stored as the value its gateway field gives that meaning.
+func wordIntSetting(word string, stored int, p func(*config) *int) func(*config, string) error {
+	return func(c *config, v string) error {
+		if v == word {
+			*p(c) = stored
+			return nil
+		}
+		return intSetting(p)(c, v)
+	}
+}
+
 var settings = []setting{
 	{"addr", "SYNCGATE_ADDR", "127.0.0.1:8080", "listen address (host:port)",
 		func(c *config, v string) error { c.Addr = v; return nil }},
@@ -317,26 +346,9 @@ var settings = []setting{
 			return nil
 		}},
 	{"frame-rate", "SYNCGATE_FRAME_RATE", "1000", "frames per second a session may send (token bucket); over it frames are dropped with X_RATE_LIMITED; with token keys also HTTP stream writes per token sub (429) (off: no limit)",
-		func(c *config, v string) error {
-			if v == "off" {
-				c.Gateway.FrameRate = -1
-				return nil
-			}
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil || !(f > 0) || f > 1e9 {
-				return fmt.Errorf("want a positive number or off, got %q", v)
-			}
-			c.Gateway.FrameRate = f
-			return nil
-		}},
+		rateSetting(func(c *config) *float64 { return &c.Gateway.FrameRate })},
 	{"frame-burst", "SYNCGATE_FRAME_BURST", "auto", "size of a session's frame token bucket, and with token keys of each token sub's HTTP stream write bucket (auto: twice frame-rate)",
-		func(c *config, v string) error {
-			if v == "auto" {
-				c.Gateway.FrameBurst = 0
-				return nil
-			}
-			return intSetting(func(c *config) *int { return &c.Gateway.FrameBurst })(c, v)
-		}},
+		wordIntSetting("auto", 0, func(c *config) *int { return &c.Gateway.FrameBurst })},
 	{"rate-limit-close", "SYNCGATE_RATE_LIMIT_CLOSE", "10s", "close a session (1008) that stays over its frame rate this long without a second's pause (off: never)",
 		func(c *config, v string) error {
 			if v == "off" {
@@ -351,42 +363,13 @@ var settings = []setting{
 			return nil
 		}},
 	{"max-sessions-per-ip", "SYNCGATE_MAX_SESSIONS_PER_IP", "off", "sessions one client IP may hold, live stream reads included; over it a client is told to come back (1013; a live read: 429). Behind a proxy every client shares its address: leave off there",
-		func(c *config, v string) error {
-			if v == "off" {
-				c.Gateway.MaxSessionsPerIP = 0
-				return nil
-			}
-			return intSetting(func(c *config) *int { return &c.Gateway.MaxSessionsPerIP })(c, v)
-		}},
+		wordIntSetting("off", 0, func(c *config) *int { return &c.Gateway.MaxSessionsPerIP })},
 	{"max-sessions-per-actor", "SYNCGATE_MAX_SESSIONS_PER_ACTOR", "100", "sessions one actor (token sub) may hold, live stream reads included; over it the hello gets X_TOO_MANY_SESSIONS and close 1008, a live read 429 (off: no cap)",
-		func(c *config, v string) error {
-			if v == "off" {
-				c.Gateway.MaxSessionsPerActor = -1
-				return nil
-			}
-			return intSetting(func(c *config) *int { return &c.Gateway.MaxSessionsPerActor })(c, v)
-		}},
-	{"bad-token-rate", "SYNCGATE_BAD_TOKEN_RATE", "10", "refused tokens per second the HTTP stream API checks from one client address (an IPv6 one by its /64); past its bucket, that address's requests with a token get 429 unchecked, good tokens too, until it refills. Behind a proxy its clients share one budget (off: no limit)",
-		func(c *config, v string) error {
-			if v == "off" {
-				c.Gateway.BadTokenRate = -1
-				return nil
-			}
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil || !(f > 0) || f > 1e9 {
-				return fmt.Errorf("want a positive number or off, got %q", v)
-			}
-			c.Gateway.BadTokenRate = f
-			return nil
-		}},
+		wordIntSetting("off", -1, func(c *config) *int { return &c.Gateway.MaxSessionsPerActor })},
+	{"bad-token-rate", "SYNCGATE_BAD_TOKEN_RATE", "10", "refused tokens per second the HTTP stream API checks from one client address (an IPv6 one by its /64); past its bucket, that address's requests with a token get 429 unchecked, good tokens too unless already verified, until it refills. Behind a proxy its clients share one budget (off: no limit)",
+		rateSetting(func(c *config) *float64 { return &c.Gateway.BadTokenRate })},
 	{"bad-token-burst", "SYNCGATE_BAD_TOKEN_BURST", "auto", "size of each client address's bucket of refused tokens on the HTTP stream API (auto: twice bad-token-rate)",
-		func(c *config, v string) error {
-			if v == "auto" {
-				c.Gateway.BadTokenBurst = 0
-				return nil
-			}
-			return intSetting(func(c *config) *int { return &c.Gateway.BadTokenBurst })(c, v)
-		}},
+		wordIntSetting("auto", 0, func(c *config) *int { return &c.Gateway.BadTokenBurst })},
 	{"tls-cert", "SYNCGATE_TLS_CERT", "", "PEM certificate (chain) file: with tls-key, serve https and wss directly",
 		func(c *config, v string) error { c.TLSCert = v; return nil }},
 	{"tls-key", "SYNCGATE_TLS_KEY", "", "PEM private key file of tls-cert",
@@ -423,34 +406,11 @@ var settings = []setting{
 	{"shutdown-timeout", "SYNCGATE_SHUTDOWN_TIMEOUT", "5s", "bound for the last stop step after the drain: closing any session left (1001); in-flight HTTP requests then get 5s of their own",
 		positiveDurationSetting(func(c *config) *time.Duration { return &c.ShutdownTimeout })},
 	{"accept-rate", "SYNCGATE_ACCEPT_RATE", "1000", "new sessions admitted per second (token bucket); over it clients are told when to come back (off: no limit)",
-		func(c *config, v string) error {
-			if v == "off" {
-				c.Gateway.AcceptRate = -1
-				return nil
-			}
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil || !(f > 0) || f > 1e9 {
-				return fmt.Errorf("want a positive number or off, got %q", v)
-			}
-			c.Gateway.AcceptRate = f
-			return nil
-		}},
+		rateSetting(func(c *config) *float64 { return &c.Gateway.AcceptRate })},
 	{"accept-burst", "SYNCGATE_ACCEPT_BURST", "auto", "size of the accept token bucket: new sessions admitted at once above the rate (auto: one second's worth of accept-rate)",
-		func(c *config, v string) error {
-			if v == "auto" {
-				c.Gateway.AcceptBurst = 0
-				return nil
-			}
-			return intSetting(func(c *config) *int { return &c.Gateway.AcceptBurst })(c, v)
-		}},
+		wordIntSetting("auto", 0, func(c *config) *int { return &c.Gateway.AcceptBurst })},
 	{"max-sessions", "SYNCGATE_MAX_SESSIONS", "100000", "connected sessions and live stream reads the node holds at most; over it clients are told when to come back (off: no cap)",
-		func(c *config, v string) error {
-			if v == "off" {
-				c.Gateway.MaxSessions = -1
-				return nil
-			}
-			return intSetting(func(c *config) *int { return &c.Gateway.MaxSessions })(c, v)
-		}},
+		wordIntSetting("off", -1, func(c *config) *int { return &c.Gateway.MaxSessions })},
 	{"max-idle-producer-bytes", "SYNCGATE_MAX_IDLE_PRODUCER_BYTES", "268435456", "estimated bytes the node keeps of the producer records (recent mutate outcomes, for retries) of clients with no session; over it the longest idle are forgotten first (off: no cap)",
 		func(c *config, v string) error {
 			if v == "off" {
