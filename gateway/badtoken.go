@@ -158,9 +158,6 @@ func (b *badTokenBudget) idleLocked(bk *badTokenBucket, now time.Time) bool {
 
 // advanceLocked returns now, or the latest time given if now is earlier.
 func (b *badTokenBudget) advanceLocked(now time.Time) time.Time {
-	if now.Before(b.last) {
-		return b.last
-	}
-	b.last = now
-	return now
+	b.last = maxTime(now, b.last)
+	return b.last
 }
