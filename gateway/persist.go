@@ -210,6 +210,12 @@ type tailer struct {
 	log       logIdent // guarded by the topic's stripe lock: the stream published from
 	cancel    context.CancelFunc
 
+	// moved, guarded by the topic's stripe lock, is closed (and cleared)
+	// whenever published or log changes: a resume waiting for the tailer
+	// (catchUp) takes it (movedLocked) under the lock it reads
+	// them under, so no move is missed. Nil while nobody waits.
+	moved chan struct{}
+
 	// While the topic has no stream, the tailer sets awaiting and waits
 	// on made (capacity 1), which streamMade fills without blocking.
 	awaiting atomic.Bool
@@ -223,6 +229,24 @@ type tailer struct {
 	// acquireTailer looks again before it refuses a subscribe, the last
 	// look being up to a second old.
 	refused atomic.Bool
+}
+
+// movedLocked returns a channel closed at t's next move (markMovedLocked).
+// The caller holds the topic's stripe lock.
+func (t *tailer) movedLocked() <-chan struct{} {
+	if t.moved == nil {
+		t.moved = make(chan struct{})
+	}
+	return t.moved
+}
+
+// markMovedLocked wakes those waiting for t to move: published or log
+// has changed. The caller holds the topic's stripe lock.
+func (t *tailer) markMovedLocked() {
+	if t.moved != nil {
+		close(t.moved)
+		t.moved = nil
+	}
 }
 
 // acquireTailer returns topic's tailer, starting it if needed. The caller
@@ -538,6 +562,7 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 			}
 			t.published = r.Offset
 		}
+		t.markMovedLocked()
 		mu.Unlock()
 		after = res.Next
 	}
@@ -580,6 +605,7 @@ func (srv *Server) resetTail(ctx context.Context, t *tailer, to logIdent) {
 	if err := srv.transport.Publish(ctx, t.topic, logMark(markReplaced, storage.ZeroOffset, to)); err != nil {
 		srv.log.Warn("persisted topic: fanout failed", "topic", t.topic, "err", err)
 	}
+	t.markMovedLocked()
 }
 
 // adoptTail moves t, which had no stream, onto the stream made since (to),
@@ -594,6 +620,7 @@ func (srv *Server) adoptTail(ctx context.Context, t *tailer, to logIdent) {
 	if err := srv.transport.Publish(ctx, t.topic, logMark(markCreated, storage.ZeroOffset, to)); err != nil {
 		srv.log.Warn("persisted topic: fanout failed", "topic", t.topic, "err", err)
 	}
+	t.markMovedLocked()
 }
 
 // skipTail moves t past records retention removed before it read them, to
@@ -608,6 +635,7 @@ func (srv *Server) skipTail(ctx context.Context, t *tailer, to string, l logIden
 	if err := srv.transport.Publish(ctx, t.topic, logMark(markPruned, to, l)); err != nil {
 		srv.log.Warn("persisted topic: fanout failed", "topic", t.topic, "err", err)
 	}
+	t.markMovedLocked()
 }
 
 // logGap answers a skip of the subscription's topic log (skipTail); a
@@ -652,6 +680,7 @@ type replay struct {
 	lost    bool               // guarded by mu: held overflowed and was discarded
 	reset   bool               // guarded by mu: the topic's log was replaced (resetTail) or made (adoptTail) and the replayer has not yet started over
 	made    bool               // guarded by mu: with reset, only made where there was none: no loss to report
+	resetCh chan struct{}      // guarded by mu: closed (and cleared) when reset changes (resetChangedLocked); nil while the replayer does not wait
 	gap     *heldGap           // guarded by mu: the tailer skipped pruned records (skipTail) before held[gap.at]
 	cancel  context.CancelFunc // set before the replayer starts
 	done    chan struct{}      // closed when the replayer returns
@@ -671,6 +700,27 @@ type heldGap struct {
 // on from the log instead.
 func (r *replay) dropHeldLocked(lost bool) {
 	r.held, r.heldLen, r.gap, r.lost = nil, 0, nil, lost
+}
+
+// resetChanLocked returns a channel closed at the next change of
+// r.reset. The caller holds r.mu. A transport may deliver the tailer's
+// mark after the tailer has moved (fanout.Transport: possibly
+// asynchronously), so the replayer waits on this as well as on
+// tailer.moved.
+func (r *replay) resetChanLocked() <-chan struct{} {
+	if r.resetCh == nil {
+		r.resetCh = make(chan struct{})
+	}
+	return r.resetCh
+}
+
+// resetChangedLocked wakes the replayer if it waits on resetChanLocked.
+// The caller holds r.mu and has changed r.reset.
+func (r *replay) resetChangedLocked() {
+	if r.resetCh != nil {
+		close(r.resetCh)
+		r.resetCh = nil
+	}
 }
 
 // hold keeps a live patch while the subscription replays. It reports
@@ -707,6 +757,7 @@ func (r *replay) holdReset(made bool) bool {
 	r.dropHeldLocked(false)
 	r.made = made && (!r.reset || r.made)
 	r.reset = true
+	r.resetChangedLocked()
 	return true
 }
 
@@ -837,6 +888,7 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 		r.mu.Lock()
 		made := r.made
 		r.reset, r.made = false, false
+		r.resetChangedLocked() // only this replayer waits on it, but every change is told
 		r.dropHeldLocked(false)
 		through, cur = r.tailer.published, r.tailer.log
 		r.mu.Unlock()
@@ -1036,18 +1088,17 @@ func (s *session) replayRoom(ctx context.Context) error {
 func (s *session) endReplayTurn() { <-s.replayTurn }
 
 // catchUpWait bounds how long a resume waits for the topic's tailer to
-// reach a cursor that is ahead of it; catchUpPoll is how often it looks.
-const (
-	catchUpWait = 5 * time.Second
-	catchUpPoll = 2 * time.Millisecond
-)
+// reach a cursor that is ahead of it, or to move to the cursor's log.
+const catchUpWait = 5 * time.Second
 
 // catchUp handles a cursor past the tailer's published offset in log cur.
 // If the log holds the cursor's record, it waits until the tailer has
 // published past it, then restarts the replay window at the tailer's
 // position: what was held is dropped, since the replay now reads it from
 // the log. It returns the new end of the window, or false if the cursor is
-// not in the log (or the wait ran out).
+// not in the log (or the wait ran out). It looks again only when the
+// tailer moves (tailer.moved) or a reset is recorded (replay.resetCh),
+// each channel taken under the lock its condition is read under.
 func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string, cur logIdent) (string, bool) {
 	srv, r := s.srv, sub.replay
 	info, err := srv.cfg.Log.Head(ctx, sub.topic)
@@ -1057,8 +1108,6 @@ func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string,
 	mu := srv.seq.stripe(sub.topic)
 	deadline := time.NewTimer(catchUpWait)
 	defer deadline.Stop()
-	tick := time.NewTicker(catchUpPoll)
-	defer tick.Stop()
 	for {
 		mu.Lock()
 		r.mu.Lock()
@@ -1075,6 +1124,7 @@ func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string,
 			mu.Unlock()
 			return through, true
 		}
+		moved, reset := r.tailer.movedLocked(), r.resetChanLocked()
 		r.mu.Unlock()
 		mu.Unlock()
 		select {
@@ -1082,7 +1132,8 @@ func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string,
 			return "", false
 		case <-deadline.C:
 			return "", false
-		case <-tick.C:
+		case <-moved:
+		case <-reset:
 		}
 	}
 }
@@ -1093,7 +1144,8 @@ func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string,
 // waits until the tailer has adopted it (holdReset), so that the cursor is
 // resumed in it rather than taken for one of a deleted log. It reports
 // whether the adoption is pending for the replayer (resetPending); false
-// if the log there now is another, or the wait ran out. The log adopted
+// if the log there now is another, or the wait ran out. It waits on
+// replay.resetCh, which holdReset closes, not by polling. The log adopted
 // may still be another (that one deleted and another made before the
 // tailer looked): onReset then expires the cursor.
 func (s *session) awaitMade(ctx context.Context, sub *subscription, digest string) bool {
@@ -1105,18 +1157,22 @@ func (s *session) awaitMade(ctx context.Context, sub *subscription, digest strin
 	r.tailer.wake()
 	deadline := time.NewTimer(catchUpWait)
 	defer deadline.Stop()
-	tick := time.NewTicker(catchUpPoll)
-	defer tick.Stop()
-	for !r.resetPending() {
+	for {
+		r.mu.Lock()
+		if r.reset {
+			r.mu.Unlock()
+			return true
+		}
+		reset := r.resetChanLocked()
+		r.mu.Unlock()
 		select {
 		case <-ctx.Done():
 			return false
 		case <-deadline.C:
 			return false
-		case <-tick.C:
+		case <-reset:
 		}
 	}
-	return true
 }
 
 // sendResumed answers a subscribe whose cursor resumes: the ack, then a

@@ -3,7 +3,9 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -56,6 +58,73 @@ func (l *memLog) Read(ctx context.Context, name, after string, maxBytes int) (st
 	return res, nil
 }
 
+// bubbleSession is a session of a gateway persisting chat:* on log, made
+// in a synctest bubble, whose writer is stuck: frames stay queued until
+// the test takes them (take). Its subscriptions, and the gateway, end in
+// the test's cleanup, in the bubble.
+type bubbleSession struct {
+	srv  *Server
+	s    *session
+	ctx  context.Context
+	subs []*subscription
+}
+
+func newBubbleSession(t *testing.T, log StreamLog, queue int) *bubbleSession {
+	t.Helper()
+	srv, err := New(Config{Log: log, Persist: []string{"chat:*"}, SendQueueBytes: queue, Writers: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	b := &bubbleSession{srv: srv, s: newSession(ctx, srv, nil, nil, "id", "test"), ctx: ctx}
+	b.s.q.writing = true // a writer is stuck
+	t.Cleanup(func() {   // in the bubble, before it must be empty
+		for _, sub := range b.subs {
+			_ = srv.transport.Unsubscribe(ctx, sub.topic, sub)
+			sub.endPersisted()
+		}
+		cancel()
+		if err := srv.Shutdown(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	return b
+}
+
+// subscribe subscribes sid to topic, resuming from cursor unless nil.
+func (b *bubbleSession) subscribe(t *testing.T, sid, topic string, cursor *frames.Cursor) *subscription {
+	t.Helper()
+	sub := &subscription{s: b.s, sid: sid, topic: topic, prefix: frames.AppendPatchPrefix(nil, sid)}
+	f := &frames.Subscribe{Op: frames.OpAdd, SID: sid, Target: frames.Target{Kind: frames.TargetTopic, Topic: topic, Cursor: cursor}}
+	if err := b.s.subscribePersisted(b.ctx, f, sub); err != nil {
+		t.Fatal(err)
+	}
+	b.subs = append(b.subs, sub)
+	return sub
+}
+
+// take takes what the session has queued, as its writer would, and
+// decodes it.
+func (b *bubbleSession) take(t *testing.T) []frames.Frame {
+	t.Helper()
+	b.s.q.mu.Lock()
+	empty := len(b.s.q.items) == 0
+	b.s.q.mu.Unlock()
+	if empty {
+		return nil // next would stop the writer, and the session start one
+	}
+	taken, _, _, _ := b.s.q.next(nil)
+	fs := make([]frames.Frame, 0, len(taken))
+	for _, it := range taken {
+		f, err := frames.Decode(append(append([]byte(nil), it.prefix...), it.body...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fs = append(fs, f)
+	}
+	return fs
+}
+
 // A session's replays share its send queue: however many of its
 // subscriptions resume at once, what they queue stays within three
 // quarters of the queue while its writer is stuck on a client that reads
@@ -79,33 +148,11 @@ func testReplayWithinQueue(t *testing.T, subs, n int, rec string) {
 	for i := range recs {
 		recs[i] = []byte(rec)
 	}
-	srv, err := New(Config{Log: newMemLog(recs), Persist: []string{"chat:*"}, SendQueueBytes: queue, Writers: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s := newSession(ctx, srv, nil, nil, "id", "test")
-	s.q.writing = true // a writer is stuck: frames stay queued until the test takes them
+	b := newBubbleSession(t, newMemLog(recs), queue)
+	s := b.s
 	var all []*subscription
-	t.Cleanup(func() { // in the bubble, before it must be empty
-		for _, sub := range all {
-			_ = srv.transport.Unsubscribe(ctx, topic, sub)
-			sub.endPersisted()
-		}
-		cancel()
-		if err := srv.Shutdown(context.Background()); err != nil {
-			t.Error(err)
-		}
-	})
 	for i := range subs {
-		sid := fmt.Sprint("s", i)
-		sub := &subscription{s: s, sid: sid, topic: topic, prefix: frames.AppendPatchPrefix(nil, sid)}
-		f := &frames.Subscribe{Op: frames.OpAdd, SID: sid, Target: frames.Target{Kind: frames.TargetTopic, Topic: topic,
-			Cursor: &frames.Cursor{QID: "topic:" + topic, LSN: storage.ZeroOffset, IDs: []string{}, At: 1}}}
-		if err := s.subscribePersisted(ctx, f, sub); err != nil {
-			t.Fatal(err)
-		}
-		all = append(all, sub)
+		all = append(all, b.subscribe(t, fmt.Sprint("s", i), topic, &frames.Cursor{QID: "topic:" + topic, LSN: storage.ZeroOffset, IDs: []string{}, At: 1}))
 	}
 	got := map[string]int{}
 	for {
@@ -122,12 +169,7 @@ func testReplayWithinQueue(t *testing.T, subs, n int, rec string) {
 		if items == 0 {
 			break
 		}
-		taken, _, _, _ := s.q.next(nil) // the writer takes the queue
-		for _, it := range taken {
-			f, err := frames.Decode(append(append([]byte(nil), it.prefix...), it.body...))
-			if err != nil {
-				t.Fatal(err)
-			}
+		for _, f := range b.take(t) { // the writer takes the queue
 			p, ok := f.(*frames.Patch)
 			if !ok {
 				continue // the resumes' acks and snapshots
@@ -144,5 +186,142 @@ func testReplayWithinQueue(t *testing.T, subs, n int, rec string) {
 		if got[sub.sid] != n {
 			t.Errorf("%s got %d of %d records", sub.sid, got[sub.sid], n)
 		}
+	}
+}
+
+// growLog is a memLog that grows (add) and holds the tailer's WaitID
+// until open is closed: a tailer that has not woken yet for what another
+// node, or this one's other sessions, delivered first.
+type growLog struct {
+	*memLog
+	open chan struct{}
+	mu   sync.Mutex // guards memLog's info and recs
+}
+
+func newGrowLog() *growLog { return &growLog{memLog: newMemLog(nil), open: make(chan struct{})} }
+
+func (l *growLog) Head(ctx context.Context, name string) (storage.Info, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.memLog.Head(ctx, name)
+}
+
+func (l *growLog) Read(ctx context.Context, name, after string, maxBytes int) (storage.ReadResult, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.memLog.Read(ctx, name, after, maxBytes)
+}
+
+// WaitID returns, once open, if the log has a record after `after`; else
+// it waits for ctx.
+func (l *growLog) WaitID(ctx context.Context, name, after string, id uint64) error {
+	select {
+	case <-l.open:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	l.mu.Lock()
+	more := after < l.info.Tail
+	l.mu.Unlock()
+	if more {
+		return nil
+	}
+	return l.memLog.WaitID(ctx, name, after, id)
+}
+
+// add appends rec and returns its offset.
+func (l *growLog) add(rec string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.recs = append(l.recs, []byte(rec))
+	l.info.Tail = storage.FormatOffset(uint64(len(l.recs)))
+	return l.info.Tail
+}
+
+// digest returns the cursor digest of the log.
+func (l *growLog) digest() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return identOf(l.info).digest()
+}
+
+// sidFrames sums up the frames of fs for sid: "ack" (with an error's
+// code), "snapshot <lsn> <digest>", "insert <lsn>".
+func sidFrames(fs []frames.Frame, sid string) []string {
+	var out []string
+	for _, f := range fs {
+		switch f := f.(type) {
+		case *frames.Ack:
+			if f.Ref == sid {
+				if f.Error != nil {
+					out = append(out, "ack "+string(f.Error.Code))
+				} else {
+					out = append(out, "ack")
+				}
+			}
+		case *frames.Snapshot:
+			if f.SID == sid {
+				out = append(out, "snapshot "+f.Cursor.LSN+" "+f.Cursor.Digest)
+			}
+		case *frames.Patch:
+			if f.SID == sid {
+				for _, op := range f.Patches {
+					out = append(out, "insert "+op.LSN)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// A resume whose cursor is ahead of this node's tailer is answered as
+// soon as the tailer publishes past it, with the fake clock standing
+// still: the wait is on the tailer's move, not a poll (it used to look
+// every 2 ms, taking the topic's stripe lock each time). Without a move
+// it gives up after catchUpWait, and the cursor expires.
+func TestReplay_CatchUpWakesOnTheTailer(t *testing.T) {
+	t.Parallel()
+	const topic = "chat:catchup"
+	for _, moves := range []bool{true, false} {
+		t.Run(fmt.Sprint("moves=", moves), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				log := newGrowLog()
+				b := newBubbleSession(t, log, 1<<20)
+				b.subscribe(t, "live", topic, nil) // starts the tailer at the empty log; WaitID holds it
+				var lsns []string
+				for i := range 3 {
+					lsns = append(lsns, log.add(fmt.Sprintf(`{"n":%d}`, i)))
+				}
+				b.subscribe(t, "s", topic, &frames.Cursor{QID: "topic:" + topic, LSN: lsns[1], Digest: log.digest(), IDs: []string{}, At: 1})
+				synctest.Wait() // the replayer waits for the tailer
+				if got := sidFrames(b.take(t), "s"); len(got) != 0 {
+					t.Fatalf("before the tailer moved: %q", got)
+				}
+				start := time.Now()
+				if !moves {
+					time.Sleep(catchUpWait - time.Millisecond) // the fake clock: just short of the bound
+					synctest.Wait()
+					if got := sidFrames(b.take(t), "s"); len(got) != 0 {
+						t.Fatalf("before the wait's bound: %q", got)
+					}
+					time.Sleep(time.Millisecond)
+					synctest.Wait()
+					want := []string{"ack " + string(frames.CodeCursorExpired), "snapshot " + storage.ZeroOffset + " " + log.digest()}
+					if got := sidFrames(b.take(t), "s"); !slices.Equal(got, want) {
+						t.Fatalf("after the wait's bound: %q, want %q", got, want)
+					}
+					return
+				}
+				close(log.open)
+				synctest.Wait() // the tailer has published, and the replayer is done
+				if d := time.Since(start); d != 0 {
+					t.Fatalf("the fake clock moved %v", d)
+				}
+				want := []string{"ack", "snapshot " + lsns[1] + " " + log.digest(), "insert " + lsns[2]}
+				if got := sidFrames(b.take(t), "s"); !slices.Equal(got, want) {
+					t.Fatalf("once the tailer moved: %q, want %q", got, want)
+				}
+			})
+		})
 	}
 }
