@@ -212,7 +212,7 @@ type tailer struct {
 
 	// moved, guarded by the topic's stripe lock, is closed (and cleared)
 	// whenever published or log changes: a resume waiting for the tailer
-	// (catchUp) takes it (movedLocked) under the lock it reads
+	// (catchUp, awaitLog) takes it (movedLocked) under the lock it reads
 	// them under, so no move is missed. Nil while nobody waits.
 	moved chan struct{}
 
@@ -875,14 +875,17 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 	// tailer is on now, from its start up to where the tailer is; what was
 	// held is dropped, the log being the source of truth. A log made where
 	// there was none (adoptTail) is no loss: a client already answered at
-	// the zero offset gets the new log's digest (logCreated), one whose
+	// the zero offset gets the new log's digest (logCreated), and one whose
 	// cursor is the zero offset and names no log is answered as resumed
-	// there, and one whose cursor names that very log (got from another
-	// node sharing the log, which saw it first: awaitMade) is not answered
-	// yet: the replay goes on from its cursor, as if the tailer had had
-	// the log when it subscribed. A cursor naming another log (awaitMade
-	// saw it, but it was deleted and another made before the tailer
-	// looked) resumes in no other: it expires, as one of a deleted log.
+	// there. A subscription not yet answered whose cursor names the very
+	// log the tailer moved to, made or reset onto, is not answered yet:
+	// the replay goes on from its cursor, as if the tailer had had the log
+	// when it subscribed (the client got the digest from another node
+	// sharing the log, or from this one's other sessions, before this
+	// node's tailer saw the log: awaitLog). A cursor naming another log
+	// (awaitLog saw it, but it was deleted and another made before the
+	// tailer looked) resumes in no other: it expires, as one of a deleted
+	// log.
 	onReset := func() {
 		mu.Lock()
 		r.mu.Lock()
@@ -894,7 +897,7 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 		r.mu.Unlock()
 		mu.Unlock()
 		switch {
-		case made && first && c.Digest != "" && c.Digest == cur.digest():
+		case first && c.Digest != "" && c.Digest == cur.digest():
 			return
 		case made && !first:
 			sub.logCreated(cur.digest())
@@ -905,10 +908,10 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 		}
 		first, after = false, storage.ZeroOffset
 	}
-	if c.Digest != "" && cur == (logIdent{}) && s.awaitMade(ctx, sub, c.Digest) {
-		// The cursor names a log this node's tailer has not seen yet,
-		// made elsewhere (another node sharing the log) while it waits
-		// for a stream: it has adopted it now.
+	if c.Digest != "" && c.Digest != cur.digest() && s.awaitLog(ctx, sub, c.Digest) {
+		// The cursor names the log there is now, which this node's
+		// tailer had not moved to yet (made elsewhere while it waited for
+		// a stream, or made in place of the log it tailed): it has now.
 		onReset()
 	}
 	switch {
@@ -1138,38 +1141,51 @@ func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string,
 	}
 }
 
-// awaitMade handles a cursor whose digest names a log while the topic's
-// tailer has none (it waits for a stream, looking every second for one made
-// elsewhere): if the stream there now is that log, it wakes the tailer and
-// waits until the tailer has adopted it (holdReset), so that the cursor is
-// resumed in it rather than taken for one of a deleted log. It reports
-// whether the adoption is pending for the replayer (resetPending); false
-// if the log there now is another, or the wait ran out. It waits on
-// replay.resetCh, which holdReset closes, not by polling. The log adopted
-// may still be another (that one deleted and another made before the
-// tailer looked): onReset then expires the cursor.
-func (s *session) awaitMade(ctx context.Context, sub *subscription, digest string) bool {
+// awaitLog handles a cursor whose digest names a log other than the one
+// the topic's tailer was on when the subscription joined: the tailer had
+// none (it waits for a stream, looking every second for one made
+// elsewhere: another node sharing the log made it, and the client got
+// the digest there), or had the log before it (deleted and made anew,
+// and the tailer has not reset yet: the delete wakes its WaitID, but
+// Head may show the new log first). If the stream there now is the
+// cursor's log, it wakes the tailer (if it waits for a stream; one on
+// the deleted log is woken by the delete) and waits until the tailer has
+// moved to a log (holdReset, and tailer.log not the zero one: a tailer
+// that found no stream between the delete and the making adopts the new
+// one at once after), so that the cursor is resumed in it rather than
+// taken for one of a deleted log. It reports whether the move is pending
+// for the replayer (resetPending); false if the log there now is
+// another, or the wait ran out. It waits on tailer.moved and
+// replay.resetCh, as catchUp does. The log moved to may still be another
+// (that one deleted and another made before the tailer looked): onReset
+// then expires the cursor.
+func (s *session) awaitLog(ctx context.Context, sub *subscription, digest string) bool {
 	srv, r := s.srv, sub.replay
 	info, err := srv.cfg.Log.Head(ctx, sub.topic)
 	if err != nil || storage.NormalizeContentType(info.ContentType) != "application/json" || identOf(info).digest() != digest {
 		return false
 	}
 	r.tailer.wake()
+	mu := srv.seq.stripe(sub.topic)
 	deadline := time.NewTimer(catchUpWait)
 	defer deadline.Stop()
 	for {
+		mu.Lock()
 		r.mu.Lock()
-		if r.reset {
+		if r.reset && r.tailer.log != (logIdent{}) {
 			r.mu.Unlock()
+			mu.Unlock()
 			return true
 		}
-		reset := r.resetChanLocked()
+		moved, reset := r.tailer.movedLocked(), r.resetChanLocked()
 		r.mu.Unlock()
+		mu.Unlock()
 		select {
 		case <-ctx.Done():
 			return false
 		case <-deadline.C:
 			return false
+		case <-moved:
 		case <-reset:
 		}
 	}

@@ -676,3 +676,101 @@ func TestPersisted_DropWhileReplayReads(t *testing.T) {
 		t.Fatalf("the session after the drop: snapshot at %s", s.Cursor.LSN)
 	}
 }
+
+// oldLogLog holds the tailer once a WaitID finds its stream gone (the
+// tailer has not reset yet) while holding is set, until the next Head
+// call has answered: a resume's look at the log, on a node whose tailer
+// is still on the deleted log.
+type oldLogLog struct {
+	*storage.DB
+	holding atomic.Bool
+	armed   atomic.Bool
+	held    chan struct{} // capacity 1: the tailer is held
+	release chan struct{} // closed by the armed Head
+}
+
+func (l *oldLogLog) WaitID(ctx context.Context, name, after string, id uint64) error {
+	err := l.DB.WaitID(ctx, name, after, id)
+	if errors.Is(err, storage.ErrNotFound) && l.holding.Load() {
+		l.held <- struct{}{}
+		select {
+		case <-l.release:
+		case <-ctx.Done():
+		}
+	}
+	return err
+}
+
+func (l *oldLogLog) Head(ctx context.Context, name string) (storage.Info, error) {
+	info, err := l.DB.Head(ctx, name)
+	if l.armed.CompareAndSwap(true, false) {
+		l.holding.Store(false)
+		close(l.release)
+	}
+	return info, err
+}
+
+// A client got a cursor of a stream made anew (from this node's other
+// sessions, or another node sharing the log) before this node's tailer
+// reset onto it: the tailer is still on the deleted log. The resume is
+// not taken for one of a deleted log: it waits for the tailer's reset and
+// is resumed from its cursor in the new log, with no X_CURSOR_EXPIRED,
+// and gets each record after the cursor once, in order.
+func TestPersisted_ResumeInTheNewLogBeforeTheTailerReset(t *testing.T) {
+	t.Parallel()
+	var log *oldLogLog
+	db, srv := startWrappedNode(t, nil, func(db *storage.DB) gateway.StreamLog {
+		log = &oldLogLog{DB: db, held: make(chan struct{}, 1), release: make(chan struct{})}
+		return log
+	})
+	const topic = "chat:anew"
+	makeStream(t, db, topic)
+	live := gwtest.Dial(t, srv.url, nil)
+	live.Hello("", 0)
+	live.Subscribe("l", topic)
+	ctx := t.Context()
+	for i := range 2 {
+		if _, err := db.Append(ctx, topic, storage.AppendRequest{Records: [][]byte{fmt.Appendf(nil, `{"old":%d}`, i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	collect(t, live, "l", 2)
+	log.holding.Store(true)
+	if err := db.Delete(ctx, topic); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-log.held: // the tailer found the stream gone and is held before it resets
+	case <-time.After(gwtest.Timeout):
+		t.Fatal("the tailer did not find its stream gone")
+	}
+	if _, _, err := db.Create(ctx, topic, storage.CreateOptions{ContentType: "application/json", Records: newLogRecords}); err != nil {
+		t.Fatal(err)
+	}
+	cursor := frames.Cursor{QID: "topic:" + topic, LSN: storage.FormatOffset(2), Digest: logDigest(t, db, topic), IDs: []string{}, At: 1}
+	r := gwtest.Dial(t, srv.url, nil)
+	r.Hello("", 0)
+	log.armed.Store(true) // the resume's look at the log lets the tailer go
+	r.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "s", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic, Cursor: &cursor}})
+	if ack := gwtest.Expect[*frames.Ack](r); ack.Ref != "s" || ack.Error != nil {
+		t.Fatalf("resume in the new log: ack %+v, error %+v", ack, ack.Error)
+	}
+	if s := gwtest.Expect[*frames.Snapshot](r); s.Cursor.LSN != cursor.LSN || s.Cursor.Digest != cursor.Digest || len(s.Rows) != 0 {
+		t.Fatalf("resume snapshot %+v, want no rows at the cursor %+v", s.Cursor, cursor)
+	}
+	ops := collect(t, r, "s", 3)
+	for i, op := range ops {
+		if want := string(newLogRecords[i+2]); rowData(t, op) != want || op.LSN != storage.FormatOffset(uint64(i+3)) {
+			t.Fatalf("resumed subscriber: insert %d is %s at %s, want %s at %s", i, rowData(t, op), op.LSN, want, storage.FormatOffset(uint64(i+3)))
+		}
+	}
+	res, err := db.Append(ctx, topic, storage.AppendRequest{Records: [][]byte{[]byte(`{"new":5}`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if op := collect(t, r, "s", 1)[0]; op.LSN != res.Offset {
+		t.Fatalf("next insert %s, want the live record %s (nothing twice)", op.LSN, res.Offset)
+	}
+	_, _, ops = resetThenCollect(t, live, "l", 5)
+	checkNewLog(t, "live subscriber", ops)
+}
