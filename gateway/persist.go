@@ -213,11 +213,18 @@ type tailer struct {
 	// moved, guarded by the topic's stripe lock, is closed (and cleared)
 	// whenever published or log changes: a resume waiting for the tailer
 	// (catchUp, awaitLog) takes it (movedLocked) under the lock it reads
-	// them under, so no move is missed. Nil while nobody waits.
+	// them under, so no move is missed. Made by the first waiter after a
+	// move. It also tells each replay.reset, which the tailer's marks set
+	// within the transport's Publish, under the same lock, before the
+	// move is told: the in-process hub delivers synchronously (a transport
+	// that did not would need a signal of its own here, and joinLive's
+	// window would need one too).
 	moved chan struct{}
 
-	// While the topic has no stream, the tailer sets awaiting and waits
-	// on made (capacity 1), which streamMade fills without blocking.
+	// While the topic has no stream, and while it pauses before looking
+	// again (a closed stream, a read of a log made anew, an error), the
+	// tailer sets awaiting and waits on made (capacity 1), which wake
+	// fills without blocking.
 	awaiting atomic.Bool
 	made     chan struct{}
 
@@ -329,8 +336,8 @@ func (srv *Server) streamMade(topic string) {
 	v.(*tailer).wake()
 }
 
-// wake makes t look for its stream at once if it waits for one. It never
-// blocks and takes no lock.
+// wake makes t look for its stream at once if it waits for one or pauses
+// (see awaiting). It never blocks and takes no lock.
 func (t *tailer) wake() {
 	if t.awaiting.Load() {
 		select {
@@ -374,12 +381,19 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 	mu.Lock()
 	cur := t.log // only this goroutine changes t.log
 	mu.Unlock()
+	// pause waits a second (tailRetry) before the tailer looks again, or
+	// less if woken (wake: a resume whose cursor names a log made since,
+	// awaitLog, or a stream this node made).
 	pause := func() bool {
+		t.awaiting.Store(true)
+		defer t.awaiting.Store(false)
 		tm := time.NewTimer(tailRetry)
 		defer tm.Stop()
 		select {
 		case <-ctx.Done():
 			return false
+		case <-t.made:
+			return true
 		case <-tm.C:
 			return true
 		}
@@ -680,7 +694,6 @@ type replay struct {
 	lost    bool               // guarded by mu: held overflowed and was discarded
 	reset   bool               // guarded by mu: the topic's log was replaced (resetTail) or made (adoptTail) and the replayer has not yet started over
 	made    bool               // guarded by mu: with reset, only made where there was none: no loss to report
-	resetCh chan struct{}      // guarded by mu: closed (and cleared) when reset changes (resetChangedLocked); nil while the replayer does not wait
 	gap     *heldGap           // guarded by mu: the tailer skipped pruned records (skipTail) before held[gap.at]
 	cancel  context.CancelFunc // set before the replayer starts
 	done    chan struct{}      // closed when the replayer returns
@@ -700,27 +713,6 @@ type heldGap struct {
 // on from the log instead.
 func (r *replay) dropHeldLocked(lost bool) {
 	r.held, r.heldLen, r.gap, r.lost = nil, 0, nil, lost
-}
-
-// resetChanLocked returns a channel closed at the next change of
-// r.reset. The caller holds r.mu. A transport may deliver the tailer's
-// mark after the tailer has moved (fanout.Transport: possibly
-// asynchronously), so the replayer waits on this as well as on
-// tailer.moved.
-func (r *replay) resetChanLocked() <-chan struct{} {
-	if r.resetCh == nil {
-		r.resetCh = make(chan struct{})
-	}
-	return r.resetCh
-}
-
-// resetChangedLocked wakes the replayer if it waits on resetChanLocked.
-// The caller holds r.mu and has changed r.reset.
-func (r *replay) resetChangedLocked() {
-	if r.resetCh != nil {
-		close(r.resetCh)
-		r.resetCh = nil
-	}
 }
 
 // hold keeps a live patch while the subscription replays. It reports
@@ -757,7 +749,6 @@ func (r *replay) holdReset(made bool) bool {
 	r.dropHeldLocked(false)
 	r.made = made && (!r.reset || r.made)
 	r.reset = true
-	r.resetChangedLocked()
 	return true
 }
 
@@ -881,8 +872,8 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 	// log the tailer moved to, made or reset onto, is not answered yet:
 	// the replay goes on from its cursor, as if the tailer had had the log
 	// when it subscribed (the client got the digest from another node
-	// sharing the log, or from this one's other sessions, before this
-	// node's tailer saw the log: awaitLog). A cursor naming another log
+	// sharing the log, before this node's tailer saw the log: awaitLog).
+	// A cursor naming another log
 	// (awaitLog saw it, but it was deleted and another made before the
 	// tailer looked) resumes in no other: it expires, as one of a deleted
 	// log.
@@ -891,7 +882,6 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 		r.mu.Lock()
 		made := r.made
 		r.reset, r.made = false, false
-		r.resetChangedLocked() // only this replayer waits on it, but every change is told
 		r.dropHeldLocked(false)
 		through, cur = r.tailer.published, r.tailer.log
 		r.mu.Unlock()
@@ -908,10 +898,16 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 		}
 		first, after = false, storage.ZeroOffset
 	}
-	if c.Digest != "" && c.Digest != cur.digest() && s.awaitLog(ctx, sub, c.Digest) {
-		// The cursor names the log there is now, which this node's
-		// tailer had not moved to yet (made elsewhere while it waited for
-		// a stream, or made in place of the log it tailed): it has now.
+	if c.Digest != "" && c.Digest != cur.digest() {
+		// The cursor may name the log there is now, which this node's
+		// tailer has not moved to yet (made elsewhere while it waited for
+		// a stream, or made in place of the log it tailed).
+		s.awaitLog(ctx, sub, c.Digest)
+	}
+	if r.resetPending() {
+		// The tailer moved since the join (awaitLog waited for it, or it
+		// moved by itself): the cursor is judged in the log it is on now,
+		// and an expiry names that log, not the one it left.
 		onReset()
 	}
 	switch {
@@ -1100,8 +1096,7 @@ const catchUpWait = 5 * time.Second
 // position: what was held is dropped, since the replay now reads it from
 // the log. It returns the new end of the window, or false if the cursor is
 // not in the log (or the wait ran out). It looks again only when the
-// tailer moves (tailer.moved) or a reset is recorded (replay.resetCh),
-// each channel taken under the lock its condition is read under.
+// tailer moves (tailer.moved).
 func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string, cur logIdent) (string, bool) {
 	srv, r := s.srv, sub.replay
 	info, err := srv.cfg.Log.Head(ctx, sub.topic)
@@ -1127,7 +1122,7 @@ func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string,
 			mu.Unlock()
 			return through, true
 		}
-		moved, reset := r.tailer.movedLocked(), r.resetChanLocked()
+		moved := r.tailer.movedLocked()
 		r.mu.Unlock()
 		mu.Unlock()
 		select {
@@ -1136,7 +1131,6 @@ func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string,
 		case <-deadline.C:
 			return "", false
 		case <-moved:
-		case <-reset:
 		}
 	}
 }
@@ -1147,23 +1141,25 @@ func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string,
 // elsewhere: another node sharing the log made it, and the client got
 // the digest there), or had the log before it (deleted and made anew,
 // and the tailer has not reset yet: the delete wakes its WaitID, but
-// Head may show the new log first). If the stream there now is the
-// cursor's log, it wakes the tailer (if it waits for a stream; one on
-// the deleted log is woken by the delete) and waits until the tailer has
-// moved to a log (holdReset, and tailer.log not the zero one: a tailer
-// that found no stream between the delete and the making adopts the new
-// one at once after), so that the cursor is resumed in it rather than
-// taken for one of a deleted log. It reports whether the move is pending
-// for the replayer (resetPending); false if the log there now is
-// another, or the wait ran out. It waits on tailer.moved and
-// replay.resetCh, as catchUp does. The log moved to may still be another
-// (that one deleted and another made before the tailer looked): onReset
-// then expires the cursor.
-func (s *session) awaitLog(ctx context.Context, sub *subscription, digest string) bool {
+// Head may show the new log first). While the stream there is the
+// cursor's log, it wakes the tailer (if it waits for a stream, or
+// pauses; one on the deleted log is woken by the delete) and waits, on
+// tailer.moved, up to catchUpWait, until the tailer has moved to a log
+// (holdReset, and tailer.log not the zero one), so that the cursor is
+// resumed in it rather than taken for one of a deleted log (runReplay
+// then finds the reset pending). A tailer that reset to no stream
+// adopts the cursor's log next, unless that was deleted too: then
+// awaitLog stops waiting at once. The log moved to may still be another
+// (the cursor's deleted and another made before the tailer looked):
+// onReset then expires the cursor.
+func (s *session) awaitLog(ctx context.Context, sub *subscription, digest string) {
 	srv, r := s.srv, sub.replay
-	info, err := srv.cfg.Log.Head(ctx, sub.topic)
-	if err != nil || storage.NormalizeContentType(info.ContentType) != "application/json" || identOf(info).digest() != digest {
-		return false
+	there := func() bool {
+		info, err := srv.cfg.Log.Head(ctx, sub.topic)
+		return err == nil && storage.NormalizeContentType(info.ContentType) == "application/json" && identOf(info).digest() == digest
+	}
+	if !there() {
+		return
 	}
 	r.tailer.wake()
 	mu := srv.seq.stripe(sub.topic)
@@ -1172,21 +1168,27 @@ func (s *session) awaitLog(ctx context.Context, sub *subscription, digest string
 	for {
 		mu.Lock()
 		r.mu.Lock()
-		if r.reset && r.tailer.log != (logIdent{}) {
-			r.mu.Unlock()
-			mu.Unlock()
-			return true
-		}
-		moved, reset := r.tailer.movedLocked(), r.resetChanLocked()
+		reset, onLog := r.reset, r.tailer.log != (logIdent{})
+		moved := r.tailer.movedLocked()
 		r.mu.Unlock()
 		mu.Unlock()
+		if reset && onLog {
+			return
+		}
+		if reset {
+			// Reset to no stream: the adoption comes only if the
+			// cursor's log is still there.
+			if !there() {
+				return
+			}
+			r.tailer.wake()
+		}
 		select {
 		case <-ctx.Done():
-			return false
+			return
 		case <-deadline.C:
-			return false
+			return
 		case <-moved:
-		case <-reset:
 		}
 	}
 }

@@ -680,13 +680,15 @@ func TestPersisted_DropWhileReplayReads(t *testing.T) {
 // oldLogLog holds the tailer once a WaitID finds its stream gone (the
 // tailer has not reset yet) while holding is set, until the next Head
 // call has answered: a resume's look at the log, on a node whose tailer
-// is still on the deleted log.
+// is still on the deleted log. With deleteAgain, that Head deletes the
+// stream there (the new log) before it lets the tailer go.
 type oldLogLog struct {
 	*storage.DB
-	holding atomic.Bool
-	armed   atomic.Bool
-	held    chan struct{} // capacity 1: the tailer is held
-	release chan struct{} // closed by the armed Head
+	deleteAgain bool
+	holding     atomic.Bool
+	armed       atomic.Bool
+	held        chan struct{} // capacity 1: the tailer is held
+	release     chan struct{} // closed by the armed Head
 }
 
 func (l *oldLogLog) WaitID(ctx context.Context, name, after string, id uint64) error {
@@ -704,28 +706,30 @@ func (l *oldLogLog) WaitID(ctx context.Context, name, after string, id uint64) e
 func (l *oldLogLog) Head(ctx context.Context, name string) (storage.Info, error) {
 	info, err := l.DB.Head(ctx, name)
 	if l.armed.CompareAndSwap(true, false) {
+		if l.deleteAgain {
+			_ = l.DB.Delete(ctx, name)
+		}
 		l.holding.Store(false)
 		close(l.release)
 	}
 	return info, err
 }
 
-// A client got a cursor of a stream made anew (from this node's other
-// sessions, or another node sharing the log) before this node's tailer
-// reset onto it: the tailer is still on the deleted log. The resume is
-// not taken for one of a deleted log: it waits for the tailer's reset and
-// is resumed from its cursor in the new log, with no X_CURSOR_EXPIRED,
-// and gets each record after the cursor once, in order.
-func TestPersisted_ResumeInTheNewLogBeforeTheTailerReset(t *testing.T) {
-	t.Parallel()
+// resumeBeforeTheTailerReset sets up a node whose tailer is on topic's
+// log (two records, which live got), then held after finding it deleted;
+// a new log (newLogRecords) is made in its place, and r resumes at
+// offset 2 of it, whose look at the log lets the tailer go (deleting the
+// new log first, with deleteAgain). It returns the deleted log's digest.
+func resumeBeforeTheTailerReset(t *testing.T, topic string, deleteAgain bool) (db *storage.DB, live, r *gwtest.Conn, cursor frames.Cursor, oldDigest string) {
+	t.Helper()
 	var log *oldLogLog
 	db, srv := startWrappedNode(t, nil, func(db *storage.DB) gateway.StreamLog {
-		log = &oldLogLog{DB: db, held: make(chan struct{}, 1), release: make(chan struct{})}
+		log = &oldLogLog{DB: db, deleteAgain: deleteAgain, held: make(chan struct{}, 1), release: make(chan struct{})}
 		return log
 	})
-	const topic = "chat:anew"
 	makeStream(t, db, topic)
-	live := gwtest.Dial(t, srv.url, nil)
+	oldDigest = logDigest(t, db, topic)
+	live = gwtest.Dial(t, srv.url, nil)
 	live.Hello("", 0)
 	live.Subscribe("l", topic)
 	ctx := t.Context()
@@ -747,11 +751,24 @@ func TestPersisted_ResumeInTheNewLogBeforeTheTailerReset(t *testing.T) {
 	if _, _, err := db.Create(ctx, topic, storage.CreateOptions{ContentType: "application/json", Records: newLogRecords}); err != nil {
 		t.Fatal(err)
 	}
-	cursor := frames.Cursor{QID: "topic:" + topic, LSN: storage.FormatOffset(2), Digest: logDigest(t, db, topic), IDs: []string{}, At: 1}
-	r := gwtest.Dial(t, srv.url, nil)
+	cursor = frames.Cursor{QID: "topic:" + topic, LSN: storage.FormatOffset(2), Digest: logDigest(t, db, topic), IDs: []string{}, At: 1}
+	r = gwtest.Dial(t, srv.url, nil)
 	r.Hello("", 0)
-	log.armed.Store(true) // the resume's look at the log lets the tailer go
+	log.armed.Store(true)
 	r.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "s", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic, Cursor: &cursor}})
+	return db, live, r, cursor, oldDigest
+}
+
+// A client got a cursor of a stream made anew (from another node sharing
+// the log) before this node's tailer reset onto it: the tailer is still
+// on the deleted log. The resume is not taken for one of a deleted log:
+// it waits for the tailer's reset and is resumed from its cursor in the
+// new log, with no X_CURSOR_EXPIRED, and gets each record after the
+// cursor once, in order.
+func TestPersisted_ResumeInTheNewLogBeforeTheTailerReset(t *testing.T) {
+	t.Parallel()
+	const topic = "chat:anew"
+	db, live, r, cursor, _ := resumeBeforeTheTailerReset(t, topic, false)
 	if ack := gwtest.Expect[*frames.Ack](r); ack.Ref != "s" || ack.Error != nil {
 		t.Fatalf("resume in the new log: ack %+v, error %+v", ack, ack.Error)
 	}
@@ -764,7 +781,7 @@ func TestPersisted_ResumeInTheNewLogBeforeTheTailerReset(t *testing.T) {
 			t.Fatalf("resumed subscriber: insert %d is %s at %s, want %s at %s", i, rowData(t, op), op.LSN, want, storage.FormatOffset(uint64(i+3)))
 		}
 	}
-	res, err := db.Append(ctx, topic, storage.AppendRequest{Records: [][]byte{[]byte(`{"new":5}`)}})
+	res, err := db.Append(t.Context(), topic, storage.AppendRequest{Records: [][]byte{[]byte(`{"new":5}`)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -773,4 +790,26 @@ func TestPersisted_ResumeInTheNewLogBeforeTheTailerReset(t *testing.T) {
 	}
 	_, _, ops = resetThenCollect(t, live, "l", 5)
 	checkNewLog(t, "live subscriber", ops)
+}
+
+// As above, but the new log is deleted too before the tailer looks: the
+// tailer resets to no stream, and no adoption follows. The resume is
+// answered at once (not when the 5 s wait for the tailer's move runs
+// out), with X_CURSOR_EXPIRED and a snapshot at the start that names no
+// log, not the deleted one the tailer left.
+func TestPersisted_ResumeInANewLogDeletedAgain(t *testing.T) {
+	t.Parallel()
+	_, _, r, _, oldDigest := resumeBeforeTheTailerReset(t, "chat:goneagain", true)
+	start := time.Now()
+	ack := gwtest.Expect[*frames.Ack](r)
+	if took := time.Since(start); took > 2500*time.Millisecond {
+		t.Errorf("answered after %v: the resume waited out the wait for an adoption that could not come", took)
+	}
+	if ack.Ref != "s" || ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
+		t.Fatalf("resume in a log deleted again: ack %+v, error %+v, want X_CURSOR_EXPIRED", ack, ack.Error)
+	}
+	s := gwtest.Expect[*frames.Snapshot](r)
+	if s.Cursor.Digest == oldDigest || s.Cursor.Digest != "" || s.Cursor.LSN != storage.ZeroOffset {
+		t.Fatalf("snapshot at %s digest %q (the deleted log was %q), want the start with no log", s.Cursor.LSN, s.Cursor.Digest, oldDigest)
+	}
 }
