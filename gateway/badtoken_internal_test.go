@@ -14,15 +14,15 @@ import (
 // token is back, others are not held back, and the bucket refills.
 func TestBadTokenBudget_RefusedTokensSpendIt(t *testing.T) {
 	t.Parallel()
-	b := newBadTokenBudget(2, 3, 16) // a token every 500 ms
+	b := newKeyedLimiters(2, 3, 16) // a token every 500 ms
 	t0 := time.Unix(1000, 0)
 	check := func(key string, refused bool, now time.Time) bool {
 		t.Helper()
-		bk, _ := b.begin(key, now)
+		bk, _ := b.reserve(key, now)
 		if bk == nil {
 			return false
 		}
-		b.end(key, bk, refused, now)
+		b.settle(key, bk, refused, now)
 		return true
 	}
 	for i := range 10 {
@@ -35,19 +35,19 @@ func TestBadTokenBudget_RefusedTokensSpendIt(t *testing.T) {
 			t.Fatalf("refused token %d within the burst was not checked", i)
 		}
 	}
-	if bk, retry := b.begin("a", t0); bk != nil || retry != 500*time.Millisecond {
-		t.Fatalf("spent address: begin = %v, %v; want nil, 500ms", bk, retry)
+	if bk, retry := b.reserve("a", t0); bk != nil || retry != 500*time.Millisecond {
+		t.Fatalf("spent address: reserve = %v, %v; want nil, 500ms", bk, retry)
 	}
 	if !check("b", true, t0) {
 		t.Fatal("another address was held back")
 	}
-	if bk, _ := b.begin("a", t0.Add(499*time.Millisecond)); bk != nil {
+	if bk, _ := b.reserve("a", t0.Add(499*time.Millisecond)); bk != nil {
 		t.Fatal("a check was let start before a token was back")
 	}
 	if !check("a", true, t0.Add(500*time.Millisecond)) {
 		t.Fatal("no check once a token was back")
 	}
-	if newBadTokenBudget(0, 0, 16) != nil || newBadTokenBudget(-1, 0, 16) != nil {
+	if newKeyedLimiters(0, 0, 16) != nil || newKeyedLimiters(-1, 0, 16) != nil {
 		t.Fatal("a budget that is off was made")
 	}
 }
@@ -57,28 +57,28 @@ func TestBadTokenBudget_RefusedTokensSpendIt(t *testing.T) {
 // that verifies gives its token back.
 func TestBadTokenBudget_ChecksUnderWayCount(t *testing.T) {
 	t.Parallel()
-	b := newBadTokenBudget(1, 3, 16)
+	b := newKeyedLimiters(1, 3, 16)
 	t0 := time.Unix(1000, 0)
-	var open []*badTokenBucket
+	var open []*keyedLimiter
 	for range 3 {
-		bk, _ := b.begin("a", t0)
+		bk, _ := b.reserve("a", t0)
 		if bk == nil {
 			t.Fatal("a check within the burst was refused")
 		}
 		open = append(open, bk)
 	}
-	if bk, retry := b.begin("a", t0); bk != nil || retry != time.Second {
-		t.Fatalf("a fourth check at once: begin = %v, %v; want nil, 1s", bk, retry)
+	if bk, retry := b.reserve("a", t0); bk != nil || retry != time.Second {
+		t.Fatalf("a fourth check at once: reserve = %v, %v; want nil, 1s", bk, retry)
 	}
-	b.end("a", open[0], false, t0) // verified: its token is free again
-	bk, _ := b.begin("a", t0)
+	b.settle("a", open[0], false, t0) // verified: its token is free again
+	bk, _ := b.reserve("a", t0)
 	if bk == nil {
 		t.Fatal("a good token's check did not give its token back")
 	}
 	for _, o := range append(open[1:], bk) {
-		b.end("a", o, true, t0)
+		b.settle("a", o, true, t0)
 	}
-	if bk, _ := b.begin("a", t0); bk != nil {
+	if bk, _ := b.reserve("a", t0); bk != nil {
 		t.Fatal("three refused tokens left the burst of three unspent")
 	}
 }
@@ -90,42 +90,42 @@ func TestBadTokenBudget_ChecksUnderWayCount(t *testing.T) {
 func TestBadTokenBudget_Bounded(t *testing.T) {
 	t.Parallel()
 	const max = 4
-	b := newBadTokenBudget(1, 2, max)
+	b := newKeyedLimiters(1, 2, max)
 	t0 := time.Unix(1000, 0)
 	for i := range 1000 {
 		key := "10.0." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256)
-		if bk, _ := b.begin(key, t0); bk != nil {
-			b.end(key, bk, true, t0)
+		if bk, _ := b.reserve(key, t0); bk != nil {
+			b.settle(key, bk, true, t0)
 		}
-		if n := len(b.addrs); n > max {
+		if n := len(b.keys); n > max {
 			t.Fatalf("after %d addresses the table holds %d, over its bound %d", i+1, n, max)
 		}
 	}
 	// The overflow took two refused tokens (its burst), then refused the
 	// other 994 addresses.
-	if bk, retry := b.begin("192.0.2.1", t0); bk != nil || retry != time.Second {
-		t.Fatalf("a new address with the table full and the overflow spent: begin = %v, %v; want nil, 1s", bk, retry)
+	if bk, retry := b.reserve("192.0.2.1", t0); bk != nil || retry != time.Second {
+		t.Fatalf("a new address with the table full and the overflow spent: reserve = %v, %v; want nil, 1s", bk, retry)
 	}
 	// Refilled and a second on: the sweep on demand frees the table.
 	t1 := t0.Add(2 * time.Second)
-	bk, _ := b.begin("192.0.2.1", t1)
+	bk, _ := b.reserve("192.0.2.1", t1)
 	if bk == nil || bk == &b.overflow {
 		t.Fatalf("after the refill, a new address got %p (overflow %p), want an entry of its own", bk, &b.overflow)
 	}
-	b.end("192.0.2.1", bk, false, t1)
-	if len(b.addrs) != 0 {
-		t.Fatalf("the table holds %d entries; want none (all refilled, the last verified)", len(b.addrs))
+	b.settle("192.0.2.1", bk, false, t1)
+	if len(b.keys) != 0 {
+		t.Fatalf("the table holds %d entries; want none (all refilled, the last verified)", len(b.keys))
 	}
 	// The minute sweep forgets refilled entries too, and only those.
 	for _, key := range []string{"a", "b", "a", "b"} {
-		bk, _ := b.begin(key, t1)
-		b.end(key, bk, true, t1)
+		bk, _ := b.reserve(key, t1)
+		b.settle(key, bk, true, t1)
 	}
 	if n := b.sweep(t1.Add(time.Second)); n != 0 {
 		t.Fatalf("a sweep before the refill dropped %d", n)
 	}
-	if n := b.sweep(t1.Add(2 * time.Second)); n != 2 || len(b.addrs) != 0 {
-		t.Fatalf("a sweep after the refill dropped %d, left %d", n, len(b.addrs))
+	if n := b.sweep(t1.Add(2 * time.Second)); n != 2 || len(b.keys) != 0 {
+		t.Fatalf("a sweep after the refill dropped %d, left %d", n, len(b.keys))
 	}
 }
 
@@ -135,17 +135,17 @@ func TestBadTokenBudget_Bounded(t *testing.T) {
 // whose end read the clock before another's reaches the budget after it.
 func TestBadTokenBudget_ClockBackwards(t *testing.T) {
 	t.Parallel()
-	b := newBadTokenBudget(1, 2, 16)
+	b := newKeyedLimiters(1, 2, 16)
 	t0 := time.Unix(1000, 0)
-	first, _ := b.begin("a", t0)
-	second, _ := b.begin("a", t0)
-	b.end("a", first, true, t0.Add(time.Second))
-	b.end("a", second, true, t0.Add(500*time.Millisecond))
+	first, _ := b.reserve("a", t0)
+	second, _ := b.reserve("a", t0)
+	b.settle("a", first, true, t0.Add(time.Second))
+	b.settle("a", second, true, t0.Add(500*time.Millisecond))
 	// Both refused by t0+1s: half a token back at t0+1.5s, one at t0+2s.
-	if bk, _ := b.begin("a", t0.Add(1500*time.Millisecond)); bk != nil {
+	if bk, _ := b.reserve("a", t0.Add(1500*time.Millisecond)); bk != nil {
 		t.Fatal("the earlier time gave the address a token")
 	}
-	if bk, _ := b.begin("a", t0.Add(2*time.Second)); bk == nil {
+	if bk, _ := b.reserve("a", t0.Add(2*time.Second)); bk == nil {
 		t.Fatal("no token a second after the refusals")
 	}
 }
@@ -154,12 +154,12 @@ func TestBadTokenBudget_ClockBackwards(t *testing.T) {
 // token would overflow a Duration is told a day.
 func TestBadTokenBudget_RetryAfterBounded(t *testing.T) {
 	t.Parallel()
-	b := newBadTokenBudget(1e-12, 1, 16)
+	b := newKeyedLimiters(1e-12, 1, 16)
 	t0 := time.Unix(1000, 0)
-	bk, _ := b.begin("a", t0)
-	b.end("a", bk, true, t0)
-	if bk, retry := b.begin("a", t0); bk != nil || retry != maxRetryAfter {
-		t.Fatalf("begin = %v, %v; want nil, %v", bk, retry, maxRetryAfter)
+	bk, _ := b.reserve("a", t0)
+	b.settle("a", bk, true, t0)
+	if bk, retry := b.reserve("a", t0); bk != nil || retry != maxRetryAfter {
+		t.Fatalf("reserve = %v, %v; want nil, %v", bk, retry, maxRetryAfter)
 	}
 }
 

@@ -98,7 +98,7 @@ type Config struct {
 	// read more slowly (limits.go). Zero means 1000; negative turns the
 	// limit off. FrameBurst zero means twice FrameRate. With a Verifier
 	// the same bucket bounds the HTTP stream writes of each token sub,
-	// across its requests (writerLimits in limits.go).
+	// across its requests (Server.httpWriters, limits.go).
 	FrameRate  float64
 	FrameBurst int
 

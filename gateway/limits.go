@@ -211,79 +211,177 @@ var (
 
 func formatRate(r float64) string { return strconv.FormatFloat(r, 'g', -1, 64) }
 
-// writerLimits holds the frame rate's counterpart for the HTTP stream API:
-// with token keys, the writes (PUT, POST, DELETE under /v1/stream/) of one
-// token sub share a token bucket of Config.FrameRate per second,
-// FrameBurst deep, across all its requests and connections. A write over
-// it gets 429 with Retry-After (the Durable Streams protocol's answer to a
-// rate limit) and does nothing. Reads are not limited: a live read costs
-// a wait, not a write. Without token keys (the anonymous dev mode) there
-// is no sub to key on, and no limit.
-//
-// A sub's bucket is kept while it is in use; sweep (once a minute) drops
-// the full ones, so the map holds the subs that wrote within a burst's
-// refill time plus a minute. Subs come from verified tokens, so a client
-// cannot mint new keys. The buckets follow Config.Now: a clock stepped
-// back (only a test's or a wall clock without a monotonic reading) stops
-// their refill until it passes the time it was at.
-type writerLimits struct {
-	limit rate.Limit // static
-	burst int        // static
+// The frame rate's counterpart for the HTTP stream API: with token keys,
+// the writes (PUT, POST, DELETE under /v1/stream/) of one token sub share
+// a token bucket of Config.FrameRate per second, FrameBurst deep, across
+// all its requests and connections (Server.httpWriters, a keyedLimiters
+// without a bound). A write over it gets 429 with Retry-After (the
+// Durable Streams protocol's answer to a rate limit) and does nothing.
+// Reads are not limited: a live read costs a wait, not a write. Without
+// token keys (the anonymous dev mode) there is no sub to key on, and no
+// limit. A sub's bucket is kept while it is in use; sweep (once a
+// minute) drops the full ones, so the table holds the subs that wrote
+// within a burst's refill time plus a minute. Subs come from verified
+// tokens, so a client cannot mint new keys.
 
-	mu   sync.Mutex
-	subs map[string]*rate.Limiter // guarded by mu
-	last time.Time                // guarded by mu: the latest time given to a bucket
-}
-
-// newWriterLimits returns the limits for FrameRate and FrameBurst, or nil
-// when the frame rate is off.
-func newWriterLimits(frameRate float64, frameBurst int) *writerLimits {
-	if frameRate <= 0 {
-		return nil
-	}
-	return &writerLimits{limit: rate.Limit(frameRate), burst: frameBurst, subs: map[string]*rate.Limiter{}}
-}
-
-// allow takes a token for one write by sub at now. When there is none it
-// reports how long until there is. Concurrent requests read the clock
-// before they queue for mu, so now may be earlier than a time already
-// given: it is then taken as that time, since rate.Limiter given an
-// earlier time refills from it again (as in acceptBudget.admit).
-func (w *writerLimits) allow(sub string, now time.Time) (ok bool, retry time.Duration) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	now = maxTime(now, w.last)
-	w.last = now
-	lim := w.subs[sub]
-	if lim == nil {
-		lim = rate.NewLimiter(w.limit, w.burst)
-		w.subs[sub] = lim
-	}
-	if lim.AllowN(now, 1) {
-		return true, 0
-	}
-	// In float seconds, capped: a rate of a token a century would
-	// overflow a Duration.
-	secs := min((1-lim.TokensAt(now))/float64(w.limit), maxRetryAfter.Seconds())
-	return false, time.Duration(secs * float64(time.Second))
-}
-
-// maxRetryAfter bounds the wait a refused write is told of.
+// maxRetryAfter bounds the wait a refused request is told of.
 const maxRetryAfter = 24 * time.Hour
 
-// sweep forgets the subs whose bucket is full at now (they have not
-// written for a while: a new bucket would be the same) and returns how
-// many.
-func (w *writerLimits) sweep(now time.Time) int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	now = maxTime(now, w.last)
+// keyedSweepEvery bounds how often a full bounded table is swept on
+// demand.
+const keyedSweepEvery = time.Second
+
+// keyedLimiters is a table of token buckets by key (limit per second,
+// burst deep): the HTTP writer limits by token sub, the bad-token budget
+// by client address (badtoken.go). Its methods are safe for concurrent
+// use.
+//
+// A token is taken at once (allow), or held while the work it pays for is
+// under way and then spent or given back (reserve, settle): a key may
+// take or hold one only while its bucket has more tokens than it has
+// held, so work started at once never outruns the bucket.
+//
+// The table holds the keys with a token held or a bucket not yet
+// refilled (a full bucket is the same as none): an entry goes when its
+// last held token is settled with its bucket full, or at a sweep once it
+// has refilled. With a bound (max > 0) it holds at most max keys; when
+// full it is swept (at most once per keyedSweepEvery), and the keys that
+// still find no room share one more bucket, overflow, so more keys than
+// that gain one key's budget, not one each.
+//
+// Times reach the buckets under mu and never go backwards: concurrent
+// callers read the clock before they queue for mu, so a time earlier
+// than the latest given is taken as that one, since rate.Limiter given
+// an earlier time refills from it again (as in acceptBudget.admit). A
+// clock stepped back (only a test's, or a wall clock without a monotonic
+// reading) stops the refill until it passes the time it was at.
+type keyedLimiters struct {
+	limit rate.Limit // static
+	burst int        // static
+	max   int        // static: the table's bound; 0 for none
+
+	mu       sync.Mutex
+	keys     map[string]*keyedLimiter // guarded by mu
+	overflow keyedLimiter             // guarded by mu: shared by the keys that find the table full
+	last     time.Time                // guarded by mu: the latest time given
+	swept    time.Time                // guarded by mu: when the table was last swept
+}
+
+// keyedLimiter is one key's bucket, or the overflow's.
+type keyedLimiter struct {
+	lim  *rate.Limiter // nil until a token is spent: a full bucket
+	held int           // tokens reserved and not yet settled: the entry stays while there are any
+}
+
+// newKeyedLimiters returns a table of buckets of r per second, burst
+// deep, holding at most max keys (0: no bound), or nil when r <= 0 (the
+// limit is off).
+func newKeyedLimiters(r float64, burst, max int) *keyedLimiters {
+	if r <= 0 {
+		return nil
+	}
+	return &keyedLimiters{limit: rate.Limit(r), burst: burst, max: max, keys: map[string]*keyedLimiter{}}
+}
+
+// allow takes a token from key's bucket at now. When there is none it
+// reports how long until there is (at most maxRetryAfter).
+func (k *keyedLimiters) allow(key string, now time.Time) (ok bool, retry time.Duration) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	now = k.advanceLocked(now)
+	e, retry := k.reserveLocked(key, now)
+	if e == nil {
+		return false, retry
+	}
+	k.settleLocked(key, e, true, now)
+	return true, 0
+}
+
+// reserve holds a token of key's bucket at now for settle, returning the
+// bucket; or, when the key has none to spare, nil and how long until it
+// has (at most maxRetryAfter).
+func (k *keyedLimiters) reserve(key string, now time.Time) (*keyedLimiter, time.Duration) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.reserveLocked(key, k.advanceLocked(now))
+}
+
+// settle ends a hold that reserve made for key on e, at now: spend takes
+// the token from e's bucket, otherwise it is free again.
+func (k *keyedLimiters) settle(key string, e *keyedLimiter, spend bool, now time.Time) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.settleLocked(key, e, spend, k.advanceLocked(now))
+}
+
+func (k *keyedLimiters) reserveLocked(key string, now time.Time) (*keyedLimiter, time.Duration) {
+	e := k.keys[key]
+	if e == nil {
+		if k.max > 0 && len(k.keys) >= k.max && now.Sub(k.swept) >= keyedSweepEvery {
+			k.sweepLocked(now)
+		}
+		if k.max <= 0 || len(k.keys) < k.max {
+			e = &keyedLimiter{}
+			k.keys[key] = e
+		} else {
+			e = &k.overflow
+		}
+	}
+	free := float64(k.burst)
+	if e.lim != nil {
+		free = e.lim.TokensAt(now)
+	}
+	free -= float64(e.held)
+	if free < 1 {
+		// In float seconds, capped: a rate of a token a century would
+		// overflow a Duration.
+		secs := min((1-free)/float64(k.limit), maxRetryAfter.Seconds())
+		return nil, time.Duration(secs * float64(time.Second))
+	}
+	e.held++
+	return e, 0
+}
+
+func (k *keyedLimiters) settleLocked(key string, e *keyedLimiter, spend bool, now time.Time) {
+	e.held--
+	if spend {
+		if e.lim == nil {
+			e.lim = rate.NewLimiter(k.limit, k.burst)
+		}
+		e.lim.AllowN(now, 1) // cannot fail: reserve saw a token for each one held
+	}
+	if e != &k.overflow && k.idleLocked(e, now) {
+		delete(k.keys, key)
+	}
+}
+
+// sweep forgets the keys whose bucket has refilled, with no token held
+// (a new bucket would be the same), and returns how many.
+func (k *keyedLimiters) sweep(now time.Time) int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.sweepLocked(k.advanceLocked(now))
+}
+
+func (k *keyedLimiters) sweepLocked(now time.Time) int {
+	k.swept = now
 	n := 0
-	for sub, lim := range w.subs {
-		if lim.TokensAt(now) >= float64(w.burst) {
-			delete(w.subs, sub)
+	for key, e := range k.keys {
+		if k.idleLocked(e, now) {
+			delete(k.keys, key)
 			n++
 		}
 	}
 	return n
+}
+
+// idleLocked reports whether e is as good as a new bucket at now.
+func (k *keyedLimiters) idleLocked(e *keyedLimiter, now time.Time) bool {
+	return e.held == 0 && (e.lim == nil || e.lim.TokensAt(now) >= float64(k.burst))
+}
+
+// advanceLocked returns now, or the latest time given if now is earlier.
+func (k *keyedLimiters) advanceLocked(now time.Time) time.Time {
+	k.last = maxTime(now, k.last)
+	return k.last
 }

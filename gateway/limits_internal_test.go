@@ -59,7 +59,7 @@ func TestPauseReading_WakesOnClose(t *testing.T) {
 // TestWriterLimits_SweepDropsFullBuckets: the minute sweep forgets a sub
 // once its bucket has refilled (a new one would be the same), not before.
 func TestWriterLimits_SweepDropsFullBuckets(t *testing.T) {
-	w := newWriterLimits(2, 4) // refills from empty in 2 s
+	w := newKeyedLimiters(2, 4, 0) // refills from empty in 2 s
 	t0 := time.Unix(1000, 0)
 	for range 4 {
 		if ok, _ := w.allow("a", t0); !ok {
@@ -72,10 +72,10 @@ func TestWriterLimits_SweepDropsFullBuckets(t *testing.T) {
 	if n := w.sweep(t0.Add(time.Second)); n != 0 {
 		t.Fatalf("sweep of a half-full bucket dropped %d", n)
 	}
-	if n := w.sweep(t0.Add(2 * time.Second)); n != 1 || len(w.subs) != 0 {
-		t.Fatalf("sweep of a full bucket dropped %d, left %d", n, len(w.subs))
+	if n := w.sweep(t0.Add(2 * time.Second)); n != 1 || len(w.keys) != 0 {
+		t.Fatalf("sweep of a full bucket dropped %d, left %d", n, len(w.keys))
 	}
-	if newWriterLimits(0, 0) != nil || newWriterLimits(-1, 0) != nil {
+	if newKeyedLimiters(0, 0, 0) != nil || newKeyedLimiters(-1, 0, 0) != nil {
 		t.Fatal("a frame rate that is off still made writer limits")
 	}
 }
@@ -83,7 +83,7 @@ func TestWriterLimits_SweepDropsFullBuckets(t *testing.T) {
 // TestWriterLimits_RetryAfterBounded: a rate so low that the wait for a
 // token would overflow a Duration is told a day.
 func TestWriterLimits_RetryAfterBounded(t *testing.T) {
-	w := newWriterLimits(1e-12, 1)
+	w := newKeyedLimiters(1e-12, 1, 0)
 	t0 := time.Unix(1000, 0)
 	w.allow("a", t0)
 	if ok, retry := w.allow("a", t0); ok || retry != maxRetryAfter {
@@ -99,7 +99,7 @@ func TestWriterLimits_RetryAfterBounded(t *testing.T) {
 // four tokens where the stretch paid for three.
 func TestWriterLimits_ClockBackwards(t *testing.T) {
 	t.Parallel()
-	w := newWriterLimits(1, 2)
+	w := newKeyedLimiters(1, 2, 0)
 	t0 := time.Unix(1000, 0)
 	for _, d := range []time.Duration{0, time.Second, 500 * time.Millisecond} {
 		if ok, _ := w.allow("a", t0.Add(d)); !ok {

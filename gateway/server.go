@@ -61,8 +61,8 @@ type Server struct {
 	perIP    *counter           // sessions per client address (limits.go)
 	perActor *counter           // sessions per actor (limits.go)
 
-	httpWriters *writerLimits   // HTTP stream writes per token sub (limits.go); nil without token keys or frame rate
-	badTokens   *badTokenBudget // HTTP stream token checks per client address (badtoken.go); nil without token keys or when off
+	httpWriters *keyedLimiters // HTTP stream writes per token sub (limits.go); nil without token keys or frame rate
+	badTokens   *keyedLimiters // HTTP stream token checks per client address (badtoken.go); nil without token keys or when off
 
 	randMu sync.Mutex
 	rnd    *rand.Rand // guarded by randMu: drain slots and refusal jitter
@@ -114,8 +114,8 @@ func New(cfg Config) (*Server, error) {
 		refusalWait: refusalCloseWait,
 	}
 	if cfg.Verifier != nil {
-		s.httpWriters = newWriterLimits(cfg.FrameRate, cfg.FrameBurst)
-		s.badTokens = newBadTokenBudget(cfg.BadTokenRate, cfg.BadTokenBurst, maxBadTokenAddrs)
+		s.httpWriters = newKeyedLimiters(cfg.FrameRate, cfg.FrameBurst, 0)
+		s.badTokens = newKeyedLimiters(cfg.BadTokenRate, cfg.BadTokenBurst, maxBadTokenAddrs)
 	}
 	// The budget gets a source of its own, drawn from cfg.Rand, so a
 	// seeded cfg.Rand makes both deterministic.

@@ -252,8 +252,8 @@ func (s *Server) checkStreamToken(h http.Header, r *http.Request, v TokenVerifie
 		return verifyBearer(h, v, token)
 	}
 	key := clientIP(r.RemoteAddr)
-	bk, retry := b.begin(key, s.cfg.Now())
-	if bk == nil {
+	e, retry := b.reserve(key, s.cfg.Now())
+	if e == nil {
 		s.metrics.httpTokensLimited.Inc()
 		secs := retrySecs(retry)
 		h.Set("Retry-After", retryAfter(retry))
@@ -262,7 +262,7 @@ func (s *Server) checkStreamToken(h http.Header, r *http.Request, v TokenVerifie
 			formatRate(float64(b.limit)), b.burst, secs)}
 	}
 	refused := true // also if v panics
-	defer func() { b.end(key, bk, refused, s.cfg.Now()) }()
+	defer func() { b.settle(key, e, refused, s.cfg.Now()) }()
 	id, err := verifyBearer(h, v, token)
 	refused = err != nil
 	return id, err
@@ -282,7 +282,7 @@ func verifyBearer(h http.Header, v TokenVerifier, token string) (*auth.Identity,
 
 // limitWrite takes a token from the writer limit of id's sub for a write
 // (PUT, POST, DELETE); over the limit it returns a 429 and sets
-// Retry-After in h (see writerLimits). Requests without a token, reads
+// Retry-After in h (see limits.go). Requests without a token, reads
 // and other methods pass.
 func (s *Server) limitWrite(h http.Header, r *http.Request, id *auth.Identity) *requestError {
 	if id == nil || s.httpWriters == nil {
