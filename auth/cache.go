@@ -29,7 +29,7 @@ type tokenCache struct {
 	now func() time.Time // static: the verifier's clock, which Verify compares exp with
 
 	mu sync.Mutex
-	m  map[[sha256.Size]byte]cached // guarded by mu
+	m  map[tokenKey]cached // guarded by mu
 }
 
 // cached is a remembered token's identity and when it was verified.
@@ -47,19 +47,37 @@ const maxCachedTokens = 1 << 14
 // newTokenCache returns a cache of at most max tokens whose expiry is
 // told by now, the verifier's clock.
 func newTokenCache(max int, now func() time.Time) *tokenCache {
-	return &tokenCache{max: max, now: now, m: map[[sha256.Size]byte]cached{}}
+	return &tokenCache{max: max, now: now, m: map[tokenKey]cached{}}
 }
 
-// get returns token's identity if it was verified and has not reached
-// its exp, and the clock is not behind the time it was verified (stepped
-// back, the token might be before its nbf or iat again: Verify decides).
-// A nil cache has nothing.
-func (c *tokenCache) get(token string) (*Identity, bool) {
+// tokenKey is token's key in the cache: its SHA-256.
+type tokenKey [sha256.Size]byte
+
+// keyOf returns token's key without allocating: sha256.Sum256([]byte(token))
+// would copy a token of over 32 bytes to the heap, on every request. The
+// token goes to the hash through a buffer on the stack instead (the
+// digest stays on the stack too: TestVerifier_Verify_rememberedAllocatesNothing).
+func keyOf(token string) (k tokenKey) {
+	h := sha256.New()
+	var buf [sha256.BlockSize]byte
+	for len(token) > 0 {
+		n := copy(buf[:], token)
+		h.Write(buf[:n])
+		token = token[n:]
+	}
+	h.Sum(k[:0])
+	return k
+}
+
+// get returns the identity of the token whose key is k if it was
+// verified and has not reached its exp, and the clock is not behind the
+// time it was verified (stepped back, the token might be before its nbf
+// or iat again: Verify decides). A nil cache has nothing.
+func (c *tokenCache) get(k tokenKey) (*Identity, bool) {
 	if c == nil {
 		return nil, false
 	}
 	now := c.now()
-	k := sha256.Sum256([]byte(token))
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.m[k]
@@ -73,10 +91,10 @@ func (c *tokenCache) get(token string) (*Identity, bool) {
 	return e.id, true
 }
 
-// put records that token verified as id, unless id has reached its exp
-// (Verify's leeway let it through: not worth keeping). A nil cache keeps
-// nothing.
-func (c *tokenCache) put(token string, id *Identity) {
+// put records that the token whose key is k verified as id, unless id
+// has reached its exp (Verify's leeway let it through: not worth
+// keeping). A nil cache keeps nothing.
+func (c *tokenCache) put(k tokenKey, id *Identity) {
 	if c == nil {
 		return
 	}
@@ -84,7 +102,6 @@ func (c *tokenCache) put(token string, id *Identity) {
 	if !now.Before(id.Expires) {
 		return
 	}
-	k := sha256.Sum256([]byte(token))
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.m[k]; !ok && len(c.m) >= c.max {

@@ -1,8 +1,10 @@
 package auth
 
 import (
+	"crypto/sha256"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,7 +25,7 @@ func TestTokenCache_Bounded(t *testing.T) {
 		if i%2 == 0 {
 			id = soon
 		}
-		c.put("t"+strconv.Itoa(i), id)
+		c.put(keyOf("t"+strconv.Itoa(i)), id)
 	}
 	if len(c.m) != 64 {
 		t.Fatalf("%d entries after 64 puts into a cache of 64", len(c.m))
@@ -31,37 +33,37 @@ func TestTokenCache_Bounded(t *testing.T) {
 	// A minute on, the 32 "soon" entries have expired: the next put
 	// drops them and keeps every "later" one.
 	now = now.Add(time.Minute)
-	c.put("new", later)
+	c.put(keyOf("new"), later)
 	if len(c.m) != 33 {
 		t.Fatalf("%d entries after the expired went, want 33", len(c.m))
 	}
 	for i := 1; i < 64; i += 2 {
-		if _, ok := c.get("t" + strconv.Itoa(i)); !ok {
+		if _, ok := c.get(keyOf("t" + strconv.Itoa(i))); !ok {
 			t.Fatalf("unexpired entry t%d was dropped", i)
 		}
 	}
-	if _, ok := c.get("t0"); ok {
+	if _, ok := c.get(keyOf("t0")); ok {
 		t.Fatal("an entry at its exp was served")
 	}
 	// Full of unexpired entries: arbitrary ones go, an eighth at once.
 	for i := range 1000 {
-		c.put("more"+strconv.Itoa(i), later)
+		c.put(keyOf("more"+strconv.Itoa(i)), later)
 		if len(c.m) > 64 {
 			t.Fatalf("%d entries, over the bound of 64", len(c.m))
 		}
 	}
-	if _, ok := c.get("more999"); !ok {
+	if _, ok := c.get(keyOf("more999")); !ok {
 		t.Fatal("the newest entry was dropped")
 	}
 	// An identity already at its exp (Verify's leeway let it through) is
 	// not kept.
-	c.put("late", &Identity{Expires: now})
-	if _, ok := c.get("late"); ok {
+	c.put(keyOf("late"), &Identity{Expires: now})
+	if _, ok := c.get(keyOf("late")); ok {
 		t.Fatal("an identity at its exp was kept")
 	}
 	var nilCache *tokenCache
-	nilCache.put("x", later)
-	if _, ok := nilCache.get("x"); ok {
+	nilCache.put(keyOf("x"), later)
+	if _, ok := nilCache.get(keyOf("x")); ok {
 		t.Fatal("a nil cache served a token")
 	}
 }
@@ -132,5 +134,38 @@ func TestVerifier_Verify_rememberedOnlyAsVerified(t *testing.T) {
 	}
 	if _, err := v.Verify(good); !errors.Is(err, ErrNotYetValid) {
 		t.Fatalf("Verify before nbf: %v, want ErrNotYetValid", err)
+	}
+}
+
+// Test_keyOf: the cache key is the token's SHA-256, for tokens that end
+// within, at and past a block of the hash.
+func Test_keyOf(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{0, 1, 31, 32, 33, 63, 64, 65, 127, 128, 129, 1000} {
+		tok := strings.Repeat("a.b_c-", n/6+1)[:n]
+		if got, want := keyOf(tok), tokenKey(sha256.Sum256([]byte(tok))); got != want {
+			t.Errorf("keyOf of %d bytes = %x, want %x", n, got, want)
+		}
+	}
+}
+
+// TestVerifier_Verify_rememberedAllocatesNothing: a token answered from
+// memory costs no allocation (BenchmarkVerify_ES256FourKeys "good
+// remembered"), nor does Cached.
+func TestVerifier_Verify_rememberedAllocatesNothing(t *testing.T) {
+	v := newVerifier(t, Config{Secret: testSecret})
+	good := sign(t, jwt.SigningMethodHS256, testSecret, "", claims())
+	if _, err := v.Verify(good); err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		if _, err := v.Verify(good); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := v.Cached(good); !ok {
+			t.Fatal("not cached")
+		}
+	}); n != 0 {
+		t.Fatalf("a remembered token: %v allocations, want none", n)
 	}
 }

@@ -230,12 +230,13 @@ func (v *Verifier) Verify(token string) (*Identity, error) {
 	if len(token) > v.maxBytes {
 		return nil, fmt.Errorf("%w: %d bytes, over the limit of %d", ErrTooLarge, len(token), v.maxBytes)
 	}
-	if id, ok := v.cache.get(token); ok {
+	k := keyOf(token) // once, for the lookup and the put
+	if id, ok := v.cache.get(k); ok {
 		return id, nil
 	}
 	id, err := v.verify(token)
 	if err == nil {
-		v.cache.put(token, id)
+		v.cache.put(k, id)
 	}
 	return id, err
 }
@@ -247,7 +248,7 @@ func (v *Verifier) Cached(token string) (*Identity, bool) {
 	if len(token) > v.maxBytes {
 		return nil, false
 	}
-	return v.cache.get(token)
+	return v.cache.get(keyOf(token))
 }
 
 // verify is Verify without the cache.
