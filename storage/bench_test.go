@@ -1,6 +1,7 @@
 package storage_test
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -185,4 +186,55 @@ func benchWaitRead(b *testing.B, streams int) {
 	cpu := cpuTime() - cpu0
 	b.StopTimer()
 	b.ReportMetric(float64(cpu.Nanoseconds())/float64(rounds*streams), "cpu-ns/rec")
+}
+
+// BenchmarkDB_ProducerEviction measures the commit that takes a stream
+// over MaxProducersPerStream (the default, 10,000): one new producer's
+// append to a stream holding 10,000 producer states, which forgets the
+// 1,001 least recently used. Producer ids are not in the order of their
+// last use, and states share a last use in groups of 10 (one commit
+// each), as under group commit. Between ops, untimed, the stream is
+// brought back to 10,000 states.
+func BenchmarkDB_ProducerEviction(b *testing.B) {
+	const limit, group = 10000, 10
+	clk := newClock()
+	db := openDB(b, &storage.Options{NoSync: true, Now: clk.Now, MaxProducersPerStream: limit, MaintenanceInterval: time.Hour})
+	if _, _, err := db.Create(b.Context(), "s", storage.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	next := uint64(0)
+	id := func() string { // a bijection of next: ids out of key order
+		next++
+		return fmt.Sprintf("%016x", next*0x9e3779b97f4a7c15)
+	}
+	fill := func(to int) {
+		n, _, err := db.ProducerStatesForTest("s")
+		if err != nil {
+			b.Fatal(err)
+		}
+		for ; n < to; n += group {
+			clk.Advance(time.Millisecond)
+			reqs := make([]storage.AppendRequest, group)
+			for i := range reqs {
+				reqs[i] = storage.AppendRequest{Records: rec("x"), Producer: &storage.Producer{ID: id()}}
+			}
+			if _, errs := db.AppendBatchForTest("s", reqs); errors.Join(errs...) != nil {
+				b.Fatal(errors.Join(errs...))
+			}
+		}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		b.StopTimer()
+		fill(limit)
+		clk.Advance(time.Millisecond)
+		b.StartTimer()
+		if _, err := prodAppend(db, "s", id(), 0, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	if n, count, err := db.ProducerStatesForTest("s"); err != nil || n != limit-limit/10 || count != uint64(n) {
+		b.Fatalf("%d states, counted %d (%v); want %d", n, count, err, limit-limit/10)
+	}
 }

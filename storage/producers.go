@@ -64,11 +64,19 @@ func countKeys(pb *bolt.Bucket) uint64 {
 
 // evictProducers deletes the least recently used producer states of ws
 // from pb, counted as count, until it holds limit - limit/10, and returns
-// how many it holds then. The scan also recounts pb, so a count that drifted is corrected
-// (and nothing is deleted if the true count is within limit). States the
-// current transaction changed are never deleted: they are the newest,
-// and their appends were admitted in it. A state that does not decode is
-// deleted first, as the maintenance pass would.
+// how many it holds then. It walks pb twice: the first walk also
+// recounts it, so a count that drifted is corrected (and nothing is
+// deleted if the true count is within limit). States the current
+// transaction changed are never deleted: they are the newest, and their
+// appends were admitted in it. A state that does not decode is deleted
+// first, as the maintenance pass would.
+//
+// The first walk keeps only uses, which sort fast; the second copies the
+// few keys that go, in key order, which is also the cheapest order to
+// delete them in. One walk that keeps every key and sorts (use, key)
+// pairs was slower, and one that keeps the oldest in a bounded heap no
+// faster within the noise, for more code (BenchmarkDB_ProducerEviction,
+// docs/benchmarks.md).
 func (b *batch1) evictProducers(ws *wstream, pb *bolt.Bucket, count, limit uint64) (uint64, error) {
 	inTx := func(k []byte) bool {
 		pe, ok := ws.prods[string(k)]
