@@ -294,19 +294,38 @@ func (srv *Server) acquireTailer(ctx context.Context, topic string) (*tailer, er
 	return t, nil
 }
 
-// subscribableHead looks at topic's stream for a subscribe. One that does
-// not exist (never made, or deleted) is answered as an empty stream at the
-// zero offset. One of another content type than JSON (errNotJSONStream) or
-// soft-deleted (storage.ErrGone) refuses it.
-func (srv *Server) subscribableHead(ctx context.Context, topic string) (storage.Info, error) {
-	info, err := srv.cfg.Log.Head(ctx, topic)
+// headOf looks at topic's stream as a persisted topic takes it. One that
+// does not exist (never made, or deleted) is an Info with only its Tail
+// set, the zero offset: the topic's log is then empty. One a subscribe is
+// refused for sets refused: errNotJSONStream (another content type than
+// JSON: info is that stream) or storage.ErrGone (soft-deleted: its forks
+// keep it; info is as for none). err is any other failure. The tailer (replaced), a
+// subscribe (subscribableHead) and a resume naming a log (awaitLog) all
+// look through it.
+func (srv *Server) headOf(ctx context.Context, topic string) (info storage.Info, refused, err error) {
+	info, err = srv.cfg.Log.Head(ctx, topic)
 	switch {
 	case errors.Is(err, storage.ErrNotFound):
-		return storage.Info{Tail: storage.ZeroOffset}, nil
+		return storage.Info{Tail: storage.ZeroOffset}, nil, nil
+	case errors.Is(err, storage.ErrGone):
+		return storage.Info{Tail: storage.ZeroOffset}, err, nil
 	case err != nil:
-		return storage.Info{}, err
+		return storage.Info{}, nil, err
 	case storage.NormalizeContentType(info.ContentType) != "application/json":
-		return storage.Info{}, errNotJSONStream
+		return info, errNotJSONStream, nil
+	}
+	return info, nil, nil
+}
+
+// subscribableHead looks at topic's stream for a subscribe (headOf): one
+// it is refused for is an error.
+func (srv *Server) subscribableHead(ctx context.Context, topic string) (storage.Info, error) {
+	info, refused, err := srv.headOf(ctx, topic)
+	if err == nil {
+		err = refused
+	}
+	if err != nil {
+		return storage.Info{}, err
 	}
 	return info, nil
 }
@@ -427,25 +446,21 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 			!errors.Is(err, storage.ErrBadRequest) {
 			return false
 		}
-		info, herr := srv.cfg.Log.Head(ctx, t.topic)
-		refused := false
-		switch {
-		case errors.Is(herr, storage.ErrNotFound):
-			info = storage.Info{}
-		case errors.Is(herr, storage.ErrGone):
-			info, refused = storage.Info{}, true
-		case herr != nil:
+		info, refused, herr := srv.headOf(ctx, t.topic)
+		if herr != nil {
 			return false
-		case storage.NormalizeContentType(info.ContentType) != "application/json":
-			refused = true
+		}
+		if refused == errNotJSONStream {
 			if id := identOf(info); id != warnedType {
 				warnedType = id
 				log.Warn("persisted topic: its stream is not application/json; subscribers wait for a JSON stream (delete it; a publish, or a POST or PUT as application/json, makes one)",
 					"contentType", info.ContentType)
 			}
+		}
+		if refused != nil {
 			info = storage.Info{}
 		}
-		t.refused.Store(refused)
+		t.refused.Store(refused != nil)
 		now := identOf(info)
 		if now == cur {
 			return false
@@ -1155,8 +1170,8 @@ func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string,
 func (s *session) awaitLog(ctx context.Context, sub *subscription, digest string) {
 	srv, r := s.srv, sub.replay
 	there := func() bool {
-		info, err := srv.cfg.Log.Head(ctx, sub.topic)
-		return err == nil && storage.NormalizeContentType(info.ContentType) == "application/json" && identOf(info).digest() == digest
+		info, refused, err := srv.headOf(ctx, sub.topic)
+		return err == nil && refused == nil && identOf(info).digest() == digest
 	}
 	if !there() {
 		return
