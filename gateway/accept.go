@@ -186,11 +186,16 @@ func (s *Server) sayReconnect(conn *websocket.Conn, nc *corkConn, reason string,
 }
 
 // closeWithin closes conn with code and text, waiting at most d for the
-// peer's close frame (not coder/websocket's 5 s): then it closes the
-// socket under it, nc.
+// peer's close frame (not coder/websocket's 5 s): then the read fails and
+// the library closes the socket under it, nc.
+//
+// The bound is a read deadline, which the close frame's write does not
+// see (the write deadline, nc's timeout, bounds that). It was a timer
+// closing nc: started before the close frame was written, on a starved
+// machine it fired first, and a refused client got its reconnect frame
+// and then EOF or a reset instead of the close code.
 func closeWithin(conn *websocket.Conn, nc net.Conn, code websocket.StatusCode, text string, d time.Duration) {
-	t := time.AfterFunc(d, func() { _ = nc.Close() })
-	defer t.Stop()
+	_ = nc.SetReadDeadline(time.Now().Add(d))
 	_ = conn.Close(code, text)
 }
 

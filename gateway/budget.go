@@ -62,7 +62,7 @@ type acceptBudget struct {
 	horizon time.Time  // guarded by mu: the end of the last rate-refusal slot handed out
 	last    time.Time  // guarded by mu: the latest time given to lim
 
-	hookForTest func(now time.Time, ok bool) // set before use; called under mu
+	hookForTest func(now time.Time, ok bool, after time.Duration) // set before use; called under mu
 }
 
 // newAcceptBudget returns a budget of r sessions per second (burst b; r <= 0:
@@ -94,15 +94,18 @@ func (a *acceptBudget) admit(now time.Time) (ok bool, reason string, after time.
 	now = maxTime(now, a.last)
 	a.last = now
 	ok = a.lim.AllowN(now, 1)
+	if !ok {
+		after = a.rateDelayLocked(now)
+	}
 	if a.hookForTest != nil {
-		a.hookForTest(now, ok)
+		a.hookForTest(now, ok, after)
 	}
 	a.mu.Unlock()
 	if ok {
 		return true, "", 0
 	}
 	a.active.Add(-1)
-	return false, rejectRate, a.rateDelay(now)
+	return false, rejectRate, after
 }
 
 // full reports whether admit at now would refuse, and then why and for
@@ -141,16 +144,15 @@ func (a *acceptBudget) hold() bool {
 // release gives back a place taken by admit or hold.
 func (a *acceptBudget) release() { a.active.Add(-1) }
 
-// rateDelay hands a rate refusal at now the next free slot.
-func (a *acceptBudget) rateDelay(now time.Time) time.Duration {
+// rateDelayLocked hands a rate refusal at now the next free slot. The
+// caller holds mu, so a refusal and its slot are one decision.
+func (a *acceptBudget) rateDelayLocked(now time.Time) time.Duration {
 	// In float first: at a rate under about 1e-10 a second the slot does
 	// not fit a Duration, and such a slot is past maxRefusalDelay anyway.
 	slot := maxRefusalDelay
 	if secs := float64(time.Second) / float64(a.lim.Limit()); secs < float64(maxRefusalDelay) {
 		slot = max(time.Duration(secs), time.Microsecond)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	if a.horizon.Before(now) {
 		a.horizon = now
 	}

@@ -3,9 +3,12 @@ package gateway
 import "time"
 
 // SetAdmitHookForTest makes f see every rate decision of s's accept budget,
-// with the time the token bucket was given. Call it before s serves
-// anything.
-func SetAdmitHookForTest(s *Server, f func(now time.Time, ok bool)) { s.budget.hookForTest = f }
+// with the time the token bucket was given and, for a refusal, the delay
+// the client is told. f runs under the budget's lock: it must not call
+// into s. Call it before s serves anything.
+func SetAdmitHookForTest(s *Server, f func(now time.Time, ok bool, after time.Duration)) {
+	s.budget.hookForTest = f
+}
 
 // MaxRefusing is how many refusals may be under way at once.
 const MaxRefusing = maxRefusing
