@@ -193,7 +193,10 @@ func (s *Server) sayReconnect(conn *websocket.Conn, nc *corkConn, reason string,
 // see (the write deadline, nc's timeout, bounds that). It was a timer
 // closing nc: started before the close frame was written, on a starved
 // machine it fired first, and a refused client got its reconnect frame
-// and then EOF or a reset instead of the close code.
+// and then EOF or a reset instead of the close code. The deadline still
+// runs from before the write: a write that takes d or more leaves no
+// time for the peer's answer, and the socket closes as soon as the
+// frame is written.
 func closeWithin(conn *websocket.Conn, nc net.Conn, code websocket.StatusCode, text string, d time.Duration) {
 	_ = nc.SetReadDeadline(time.Now().Add(d))
 	_ = conn.Close(code, text)

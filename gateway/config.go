@@ -20,7 +20,13 @@ type Config struct {
 	Logger *slog.Logger
 
 	// Transport carries publications between sessions. Nil means a new
-	// in-process [fanout.Hub], closed by Shutdown.
+	// in-process [fanout.Hub], closed by Shutdown. Persisted topics (see
+	// Persist) need one that, like the Hub, delivers to this node's
+	// subscribers before Publish returns: a resume that catches up with
+	// the topic's tailer (joinLive, catchUp, awaitLog in persist.go)
+	// reads what the tailer published as delivered. The contract allows
+	// asynchronous delivery, which they would need a signal of their own
+	// for.
 	Transport fanout.Transport
 
 	// Registry receives the gateway's metrics and is served at /metrics.

@@ -211,7 +211,8 @@ type tailer struct {
 	cancel    context.CancelFunc
 
 	// moved, guarded by the topic's stripe lock, is closed (and cleared)
-	// whenever published or log changes: a resume waiting for the tailer
+	// whenever published or log changes, and after each look of a tailer
+	// with no stream that found none: a resume waiting for the tailer
 	// (catchUp, awaitLog) takes it (movedLocked) under the lock it reads
 	// them under, so no move is missed. Made by the first waiter after a
 	// move. It also tells each replay.reset, which the tailer's marks set
@@ -221,12 +222,12 @@ type tailer struct {
 	// window would need one too).
 	moved chan struct{}
 
-	// While the topic has no stream, and while it pauses before looking
-	// again (a closed stream, a read of a log made anew, an error), the
-	// tailer sets awaiting and waits on made (capacity 1), which wake
-	// fills without blocking.
-	awaiting atomic.Bool
-	made     chan struct{}
+	// made (capacity 1) cuts short the tailer's wait before it looks at
+	// the stream again (no stream; a closed one; a read of a log made
+	// anew): wake fills it without blocking. A token left from a wake
+	// the tailer did not need costs it one look more, and a wake during
+	// a look is not lost.
+	made chan struct{}
 
 	// refused is set while the stream there, at the tailer's last look,
 	// is one a subscribe is refused for (subscribableHead): of another
@@ -342,11 +343,11 @@ func (srv *Server) releaseTailer(t *tailer) {
 	}
 }
 
-// streamMade tells topic's tailer, if it waits for a stream, that this
-// node may have just made one (a publish's append, a PUT), so that its
-// subscribers get the first records at once rather than at its next look.
-// It never blocks and takes no lock: it runs in the log's append
-// callbacks.
+// streamMade wakes topic's tailer (wake): this node may have just made
+// its stream (a publish's append, a POST or PUT), and a tailer waiting
+// for one then gives its subscribers the first records at once rather
+// than at its next look. It never blocks and takes no lock: it runs in
+// the log's append callbacks.
 func (srv *Server) streamMade(topic string) {
 	v, ok := srv.tailIndex.Load(topic)
 	if !ok {
@@ -355,14 +356,12 @@ func (srv *Server) streamMade(topic string) {
 	v.(*tailer).wake()
 }
 
-// wake makes t look for its stream at once if it waits for one or pauses
-// (see awaiting). It never blocks and takes no lock.
+// wake makes t look at its stream at once if it waits to look (see
+// made), or when it next does. It never blocks and takes no lock.
 func (t *tailer) wake() {
-	if t.awaiting.Load() {
-		select {
-		case t.made <- struct{}{}:
-		default:
-		}
+	select {
+	case t.made <- struct{}{}:
+	default:
 	}
 }
 
@@ -400,29 +399,34 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 	mu.Lock()
 	cur := t.log // only this goroutine changes t.log
 	mu.Unlock()
-	// pause waits a second (tailRetry) before the tailer looks again, or
-	// less if woken (wake: a resume whose cursor names a log made since,
-	// awaitLog, or a stream this node made).
-	pause := func() bool {
-		t.awaiting.Store(true)
-		defer t.awaiting.Store(false)
+	// wait waits a second (tailRetry) before the tailer looks at the
+	// stream again, or less if woken (wake: a stream this node made, a
+	// resume whose cursor names a log made since, awaitLog, or a
+	// subscribe that found the stream a refused one replaced). With
+	// wakeable false (a retry after an error) only the second ends it.
+	wait := func(wakeable bool) bool {
 		tm := time.NewTimer(tailRetry)
 		defer tm.Stop()
+		made := t.made
+		if !wakeable {
+			made = nil
+		}
 		select {
 		case <-ctx.Done():
 			return false
-		case <-t.made:
+		case <-made:
 			return true
 		case <-tm.C:
 			return true
 		}
 	}
+	pause := func() bool { return wait(true) }
 	retry := func(what string, err error) bool {
 		if ctx.Err() != nil {
 			return false
 		}
 		log.Warn("persisted topic: "+what+" failed; retrying", "err", err)
-		return pause()
+		return wait(false)
 	}
 	// replaced reports whether the stream is not the one tailed any more
 	// (deleted, expired, or made anew; or made where there was none), and
@@ -478,19 +482,6 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 		after, cur = storage.ZeroOffset, now
 		return true
 	}
-	// await waits, while there is no stream, for streamMade or a second.
-	await := func() bool {
-		tm := time.NewTimer(tailRetry)
-		defer tm.Stop()
-		select {
-		case <-ctx.Done():
-			return false
-		case <-t.made:
-			return true
-		case <-tm.C:
-			return true
-		}
-	}
 	// skipPruned handles a read of the stream tailed that found what
 	// comes after `after` removed by retention (the tailer fell behind, or
 	// reset onto a log whose start was pruned): it moves past the removed
@@ -513,14 +504,17 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 		if cur == (logIdent{}) {
 			// No stream yet, or since the last reset: look when this node
 			// makes one, and every second for one made elsewhere (a
-			// stream made empty has nothing to wait on yet). awaiting is
-			// set before the look, so a stream made after it wakes us.
-			t.awaiting.Store(true)
+			// stream made empty has nothing to wait on yet). A look that
+			// finds none is told as a move (tailer.moved), so that a
+			// resume waiting for a log the tailer has not found
+			// (awaitLog) looks whether it is gone.
 			if replaced(nil) {
-				t.awaiting.Store(false)
 				continue
 			}
-			if await() {
+			mu.Lock()
+			t.markMovedLocked()
+			mu.Unlock()
+			if pause() {
 				continue
 			}
 			return
@@ -1157,30 +1151,23 @@ func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string,
 // the digest there), or had the log before it (deleted and made anew,
 // and the tailer has not reset yet: the delete wakes its WaitID, but
 // Head may show the new log first). While the stream there is the
-// cursor's log, it wakes the tailer (if it waits for a stream, or
-// pauses; one on the deleted log is woken by the delete) and waits, on
-// tailer.moved, up to catchUpWait, until the tailer has moved to a log
-// (holdReset, and tailer.log not the zero one), so that the cursor is
-// resumed in it rather than taken for one of a deleted log (runReplay
-// then finds the reset pending). A tailer that reset to no stream
-// adopts the cursor's log next, unless that was deleted too: then
-// awaitLog stops waiting at once. The log moved to may still be another
-// (the cursor's deleted and another made before the tailer looked):
-// onReset then expires the cursor.
+// cursor's log, it waits, on tailer.moved, up to catchUpWait, until the
+// tailer has moved to a log (holdReset, and tailer.log not the zero
+// one), so that the cursor is resumed in it rather than taken for one of
+// a deleted log (runReplay then finds the reset pending). It wakes the
+// tailer once, after its first look (a tailer waiting for a stream, or
+// pausing, looks at once; one on the deleted log is woken by the
+// delete), and looks again at each move while the tailer has no stream
+// (reset to none, or a look that found none): if the cursor's log is
+// gone too, it stops waiting at once. The log moved to may still be
+// another (the cursor's deleted and another made before the tailer
+// looked): onReset then expires the cursor.
 func (s *session) awaitLog(ctx context.Context, sub *subscription, digest string) {
 	srv, r := s.srv, sub.replay
-	there := func() bool {
-		info, refused, err := srv.headOf(ctx, sub.topic)
-		return err == nil && refused == nil && identOf(info).digest() == digest
-	}
-	if !there() {
-		return
-	}
-	r.tailer.wake()
 	mu := srv.seq.stripe(sub.topic)
 	deadline := time.NewTimer(catchUpWait)
 	defer deadline.Stop()
-	for {
+	for woken := false; ; {
 		mu.Lock()
 		r.mu.Lock()
 		reset, onLog := r.reset, r.tailer.log != (logIdent{})
@@ -1190,13 +1177,14 @@ func (s *session) awaitLog(ctx context.Context, sub *subscription, digest string
 		if reset && onLog {
 			return
 		}
-		if reset {
-			// Reset to no stream: the adoption comes only if the
-			// cursor's log is still there.
-			if !there() {
+		if !woken || !onLog {
+			if info, refused, err := srv.headOf(ctx, sub.topic); err != nil || refused != nil || identOf(info).digest() != digest {
 				return
 			}
-			r.tailer.wake()
+			if !woken {
+				r.tailer.wake()
+				woken = true
+			}
 		}
 		select {
 		case <-ctx.Done():

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -811,5 +812,114 @@ func TestPersisted_ResumeInANewLogDeletedAgain(t *testing.T) {
 	s := gwtest.Expect[*frames.Snapshot](r)
 	if s.Cursor.Digest == oldDigest || s.Cursor.Digest != "" || s.Cursor.LSN != storage.ZeroOffset {
 		t.Fatalf("snapshot at %s digest %q (the deleted log was %q), want the start with no log", s.Cursor.LSN, s.Cursor.Digest, oldDigest)
+	}
+}
+
+// lateDeleteLog orders one interleaving of a tailer resetting to no
+// stream and a resume naming a log made elsewhere:
+//
+//  1. the tailer's Head after its log was deleted answers "none" and is
+//     held before it returns (the new log is not made yet);
+//  2. the test makes the new log; the resume's first look (awaitLog) sees
+//     it and lets the tailer go, which resets to no stream;
+//  3. the resume's look after that reset (awaitLog's re-check) still sees
+//     the new log, and then it is deleted (elsewhere) before the tailer's
+//     next look, which the log holds until then.
+//
+// Calls are told apart by the caller's stack (awaitLog or not).
+type lateDeleteLog struct {
+	*storage.DB
+	armed      atomic.Bool
+	tailerSeen chan struct{} // closed when the tailer's held Head has read "none"
+	tailerGo   chan struct{} // closed by the resume's first look
+	recheck    chan struct{} // closed by the resume's second look, after the delete
+	resumeN    atomic.Int32
+	tailerN    atomic.Int32
+}
+
+func fromAwaitLog() bool {
+	buf := make([]byte, 16<<10)
+	return strings.Contains(string(buf[:runtime.Stack(buf, false)]), "awaitLog")
+}
+
+func (l *lateDeleteLog) Head(ctx context.Context, name string) (storage.Info, error) {
+	if !l.armed.Load() {
+		return l.DB.Head(ctx, name)
+	}
+	if fromAwaitLog() {
+		info, err := l.DB.Head(ctx, name)
+		switch l.resumeN.Add(1) {
+		case 1:
+			close(l.tailerGo)
+		case 2:
+			_ = l.DB.Delete(ctx, name) // another node deletes the new log
+			close(l.recheck)
+		}
+		return info, err
+	}
+	switch l.tailerN.Add(1) {
+	case 1:
+		info, err := l.DB.Head(ctx, name)
+		close(l.tailerSeen)
+		select {
+		case <-l.tailerGo:
+		case <-ctx.Done():
+		}
+		return info, err
+	case 2:
+		select {
+		case <-l.recheck:
+		case <-ctx.Done():
+		}
+	}
+	return l.DB.Head(ctx, name)
+}
+
+// A resume names a log made elsewhere while this node's tailer has reset
+// to no stream; the resume's look after that reset still sees the log,
+// which is then deleted before the tailer's next look: the tailer finds
+// none, and the resume, told of that look (tailer.moved), looks again and
+// is answered at once with X_CURSOR_EXPIRED, not when its 5 s wait for a
+// move runs out.
+func TestPersisted_ResumeInANewLogDeletedAfterItsRecheck(t *testing.T) {
+	t.Parallel()
+	const topic = "chat:latedelete"
+	var log *lateDeleteLog
+	db, srv := startWrappedNode(t, nil, func(db *storage.DB) gateway.StreamLog {
+		log = &lateDeleteLog{DB: db, tailerSeen: make(chan struct{}), tailerGo: make(chan struct{}), recheck: make(chan struct{})}
+		return log
+	})
+	makeStream(t, db, topic)
+	live := gwtest.Dial(t, srv.url, nil)
+	live.Hello("", 0)
+	live.Subscribe("l", topic)
+	log.armed.Store(true)
+	ctx := t.Context()
+	if err := db.Delete(ctx, topic); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-log.tailerSeen:
+	case <-time.After(gwtest.Timeout):
+		t.Fatal("the tailer did not look at the log after the delete")
+	}
+	if _, _, err := db.Create(ctx, topic, storage.CreateOptions{ContentType: "application/json", Records: newLogRecords}); err != nil {
+		t.Fatal(err)
+	}
+	cursor := frames.Cursor{QID: "topic:" + topic, LSN: storage.FormatOffset(2), Digest: logDigest(t, db, topic), IDs: []string{}, At: 1}
+	r := gwtest.Dial(t, srv.url, nil)
+	r.Hello("", 0)
+	start := time.Now()
+	r.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "s", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic, Cursor: &cursor}})
+	ack := gwtest.Expect[*frames.Ack](r)
+	took := time.Since(start)
+	if ack.Ref != "s" || ack.Error == nil || ack.Error.Code != frames.CodeCursorExpired {
+		t.Fatalf("ack %+v, error %+v, want X_CURSOR_EXPIRED", ack, ack.Error)
+	}
+	if n := log.resumeN.Load(); n < 2 {
+		t.Fatalf("interleaving not reached: awaitLog looked %d times", n)
+	}
+	if took > 2500*time.Millisecond {
+		t.Errorf("answered after %v: awaitLog waited out catchUpWait for a move that could not come", took)
 	}
 }
