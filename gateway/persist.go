@@ -212,7 +212,7 @@ type tailer struct {
 
 	// moved, guarded by the topic's stripe lock, is closed (and cleared)
 	// whenever published or log changes, and after each look of a tailer
-	// with no stream that found none: a resume waiting for the tailer
+	// with no stream that took none: a resume waiting for the tailer
 	// (catchUp, awaitLog) takes it (movedLocked) under the lock it reads
 	// them under, so no move is missed. Made by the first waiter after a
 	// move. It also tells each replay.reset, which the tailer's marks set
@@ -249,7 +249,8 @@ func (t *tailer) movedLocked() <-chan struct{} {
 }
 
 // markMovedLocked wakes those waiting for t to move: published or log
-// has changed. The caller holds the topic's stripe lock.
+// has changed, or t, with no stream, has looked for one and not taken
+// one. The caller holds the topic's stripe lock.
 func (t *tailer) markMovedLocked() {
 	if t.moved != nil {
 		close(t.moved)
@@ -505,9 +506,10 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 			// No stream yet, or since the last reset: look when this node
 			// makes one, and every second for one made elsewhere (a
 			// stream made empty has nothing to wait on yet). A look that
-			// finds none is told as a move (tailer.moved), so that a
-			// resume waiting for a log the tailer has not found
-			// (awaitLog) looks whether it is gone.
+			// takes none (none there, a refused one, or a failed Head) is
+			// told as a move (tailer.moved), so that a resume waiting for
+			// a log the tailer has not found (awaitLog) looks whether it
+			// is gone.
 			if replaced(nil) {
 				continue
 			}
@@ -1161,7 +1163,8 @@ func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string,
 // (reset to none, or a look that found none): if the cursor's log is
 // gone too, it stops waiting at once. The log moved to may still be
 // another (the cursor's deleted and another made before the tailer
-// looked): onReset then expires the cursor.
+// looked): onReset then expires the cursor. A failed look after the
+// first is taken for no answer: it waits on.
 func (s *session) awaitLog(ctx context.Context, sub *subscription, digest string) {
 	srv, r := s.srv, sub.replay
 	mu := srv.seq.stripe(sub.topic)
@@ -1178,10 +1181,14 @@ func (s *session) awaitLog(ctx context.Context, sub *subscription, digest string
 			return
 		}
 		if !woken || !onLog {
-			if info, refused, err := srv.headOf(ctx, sub.topic); err != nil || refused != nil || identOf(info).digest() != digest {
+			info, refused, err := srv.headOf(ctx, sub.topic)
+			switch {
+			case err != nil && woken:
+				// A failed look says nothing of the cursor's log: wait
+				// on (the tailer's next look comes within a second).
+			case err != nil || refused != nil || identOf(info).digest() != digest:
 				return
-			}
-			if !woken {
+			case !woken:
 				r.tailer.wake()
 				woken = true
 			}

@@ -411,6 +411,17 @@ func (l *headCountLog) Head(ctx context.Context, name string) (storage.Info, err
 	return l.DB.Head(ctx, name)
 }
 
+// waitLooked waits until a look of the tailer that began after heads (a
+// count of the log's Head calls, read before) has ended, its result
+// taken (t.refused set, say): the tailer looks one at a time, so that is
+// once the look after it has begun. A look's Head call alone is not
+// enough: under load the test could subscribe between the call and what
+// the tailer makes of it. Nothing else may call Head meanwhile.
+func waitLooked(t *testing.T, count func() int64, heads int64) {
+	t.Helper()
+	gwtest.Eventually(t, gwtest.Timeout, "the tailer looked", func() bool { return count() > heads+1 })
+}
+
 // startLoggedNode is startPersistNode logging into a buffer, its log's
 // Head calls counted.
 func startLoggedNode(t *testing.T) (*persistNode, *syncBuffer, *headCountLog) {
@@ -461,14 +472,14 @@ func TestPersisted_StreamNotJSONIsNoStream(t *testing.T) {
 	live.Subscribe("l", topic)
 	makeTextStream(t, n.db, topic)
 	heads := log.heads.Load() // a look from now on sees it
-	gwtest.Eventually(t, gwtest.Timeout, "the tailer looked", func() bool { return log.heads.Load() > heads })
+	waitLooked(t, log.heads.Load, heads)
 	c := gwtest.Dial(t, n.url, nil)
 	c.Hello("", 0)
 	expectBadTopic(t, c, "s", topic)
 	// The tailer's next look (a second later) does not repeat the
 	// warning.
 	heads = log.heads.Load()
-	gwtest.Eventually(t, gwtest.Timeout, "the tailer looked again", func() bool { return log.heads.Load() > heads })
+	waitLooked(t, log.heads.Load, heads)
 	if got := logs.String(); strings.Count(got, warnNotJSON) != 1 || strings.Contains(got, "record is not JSON") {
 		t.Fatalf("want one warning for the stream, none per record:\n%s", got)
 	}
@@ -506,7 +517,7 @@ func TestPersisted_ReplacedByAStreamNotJSON(t *testing.T) {
 	if s := gwtest.Expect[*frames.Snapshot](live); s.Cursor.LSN != storage.ZeroOffset || s.Cursor.Digest != "" {
 		t.Fatalf("after the replacement: snapshot %+v, want the start naming no log", s.Cursor)
 	}
-	gwtest.Eventually(t, gwtest.Timeout, "the tailer looked", func() bool { return log.heads.Load() > heads })
+	waitLooked(t, log.heads.Load, heads)
 	c := gwtest.Dial(t, n.url, nil)
 	c.Hello("", 0)
 	expectBadTopic(t, c, "s", topic)
@@ -541,7 +552,7 @@ func TestPersisted_NotJSONReplacedElsewhere(t *testing.T) {
 	live.Subscribe("l", topic)
 	makeTextStream(t, db, topic)
 	heads := log.heads.Load() // a look from now on sees it
-	gwtest.Eventually(t, gwtest.Timeout, "the tailer looked", func() bool { return log.heads.Load() > heads })
+	waitLooked(t, log.heads.Load, heads)
 	c := gwtest.Dial(t, srv.url, nil)
 	c.Hello("", 0)
 	expectBadTopic(t, c, "s", topic)

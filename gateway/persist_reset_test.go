@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -826,10 +825,14 @@ func TestPersisted_ResumeInANewLogDeletedAgain(t *testing.T) {
 //     the new log, and then it is deleted (elsewhere) before the tailer's
 //     next look, which the log holds until then.
 //
-// Calls are told apart by the caller's stack (awaitLog or not).
+// Calls are told apart by their ctx: the first Head once armed is the
+// tailer's (nothing else looks at the log after the delete until the
+// resume), and the tailer passes the same ctx to every call; the resume
+// (awaitLog) passes its replay's.
 type lateDeleteLog struct {
 	*storage.DB
 	armed      atomic.Bool
+	tailerCtx  atomic.Value  // <-chan struct{}: the tailer's ctx.Done()
 	tailerSeen chan struct{} // closed when the tailer's held Head has read "none"
 	tailerGo   chan struct{} // closed by the resume's first look
 	recheck    chan struct{} // closed by the resume's second look, after the delete
@@ -837,16 +840,12 @@ type lateDeleteLog struct {
 	tailerN    atomic.Int32
 }
 
-func fromAwaitLog() bool {
-	buf := make([]byte, 16<<10)
-	return strings.Contains(string(buf[:runtime.Stack(buf, false)]), "awaitLog")
-}
-
 func (l *lateDeleteLog) Head(ctx context.Context, name string) (storage.Info, error) {
 	if !l.armed.Load() {
 		return l.DB.Head(ctx, name)
 	}
-	if fromAwaitLog() {
+	l.tailerCtx.CompareAndSwap(nil, ctx.Done())
+	if l.tailerCtx.Load() != ctx.Done() {
 		info, err := l.DB.Head(ctx, name)
 		switch l.resumeN.Add(1) {
 		case 1:
