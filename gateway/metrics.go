@@ -145,7 +145,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name: "syncgate_writer_stalls_total", Help: "Shared writer turns that lasted over 100 ms (a write waiting on coder/websocket's lock behind a control frame the reader was writing to a full socket); each time another writer was started in the stuck one's place (at most twice -writers at once). Waits for a core count too.",
 		}),
 		writeDelay: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "syncgate_write_delay_seconds", Help: "Current pacing delay between a busy session's writes (0 while under the write budget).",
+			Name: "syncgate_write_delay_seconds", Help: "Current pacing delay between a busy session's writes: raised while the node is over its CPU share or write budget, or overloaded; halved once well under both; held in between.",
 		}),
 		tailers: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "syncgate_persisted_tailers", Help: "Persisted topics with local subscribers (one log tailer each).",

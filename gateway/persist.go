@@ -909,11 +909,25 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 		}
 		first, after = false, storage.ZeroOffset
 	}
+	// logFailed answers a log call that failed (not a missing stream,
+	// which is an answer): X_INTERNAL and close 1011, so that the client
+	// resumes again from its cursor, rather than an expiry telling it its
+	// messages were lost.
+	logFailed := func(err error) {
+		s.log().Warn("replay failed", "topic", sub.topic, "err", err)
+		s.sendError(frames.NewError(frames.CodeInternal, sub.sid, "the server could not read the topic's log", "reconnect and resume from your cursor"))
+		s.closeWith(reasonLogError)
+	}
 	if c.Digest != "" && c.Digest != cur.digest() {
 		// The cursor may name the log there is now, which this node's
 		// tailer has not moved to yet (made elsewhere while it waited for
 		// a stream, or made in place of the log it tailed).
-		s.awaitLog(ctx, sub, c.Digest)
+		if err := s.awaitLog(ctx, sub, c.Digest); err != nil {
+			if ctx.Err() == nil {
+				logFailed(err)
+			}
+			return
+		}
 	}
 	if r.resetPending() {
 		// The tailer moved since the join (awaitLog waited for it, or it
@@ -942,7 +956,14 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 		// log (another node, or this one's other sessions, delivered it
 		// first): wait for the tailer to pass it, then replay up to the
 		// tailer's position instead, dropping what was held meanwhile.
-		if t, ok := s.catchUp(ctx, sub, after, cur); ok {
+		t, ok, err := s.catchUp(ctx, sub, after, cur)
+		if err != nil {
+			if ctx.Err() == nil {
+				logFailed(err)
+			}
+			return
+		}
+		if ok {
 			through = t
 		}
 	}
@@ -983,9 +1004,7 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 				after = through
 				continue
 			case err != nil:
-				s.log().Warn("replay failed", "topic", sub.topic, "err", err)
-				s.sendError(frames.NewError(frames.CodeInternal, sub.sid, "the server could not read the topic's log", "reconnect and resume from your cursor"))
-				s.closeWith(reasonLogError)
+				logFailed(err)
 				return
 			}
 			if first {
@@ -1106,13 +1125,18 @@ const catchUpWait = 5 * time.Second
 // published past it, then restarts the replay window at the tailer's
 // position: what was held is dropped, since the replay now reads it from
 // the log. It returns the new end of the window, or false if the cursor is
-// not in the log (or the wait ran out). It looks again only when the
-// tailer moves (tailer.moved).
-func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string, cur logIdent) (string, bool) {
+// not in the log (or the wait ran out), and an error if the log could not
+// be looked at. It looks again only when the tailer moves (tailer.moved).
+func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string, cur logIdent) (string, bool, error) {
 	srv, r := s.srv, sub.replay
 	info, err := srv.cfg.Log.Head(ctx, sub.topic)
-	if err != nil || cursor > info.Tail {
-		return "", false
+	switch {
+	case errors.Is(err, storage.ErrNotFound) || errors.Is(err, storage.ErrGone):
+		return "", false, nil // deleted: the tailer's reset follows
+	case err != nil:
+		return "", false, err
+	case cursor > info.Tail:
+		return "", false, nil
 	}
 	mu := srv.seq.stripe(sub.topic)
 	deadline := time.NewTimer(catchUpWait)
@@ -1124,23 +1148,23 @@ func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string,
 			// Replaced meanwhile: published is another log's offset.
 			r.mu.Unlock()
 			mu.Unlock()
-			return "", false
+			return "", false, nil
 		}
 		if r.tailer.published >= cursor {
 			r.dropHeldLocked(false)
 			through := r.tailer.published
 			r.mu.Unlock()
 			mu.Unlock()
-			return through, true
+			return through, true, nil
 		}
 		moved := r.tailer.movedLocked()
 		r.mu.Unlock()
 		mu.Unlock()
 		select {
 		case <-ctx.Done():
-			return "", false
+			return "", false, nil
 		case <-deadline.C:
-			return "", false
+			return "", false, nil
 		case <-moved:
 		}
 	}
@@ -1163,9 +1187,10 @@ func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string,
 // (reset to none, or a look that found none): if the cursor's log is
 // gone too, it stops waiting at once. The log moved to may still be
 // another (the cursor's deleted and another made before the tailer
-// looked): onReset then expires the cursor. A failed look after the
-// first is taken for no answer: it waits on.
-func (s *session) awaitLog(ctx context.Context, sub *subscription, digest string) {
+// looked): onReset then expires the cursor. A failed first look is
+// returned (the replay answers X_INTERNAL); a failed look after it is
+// taken for no answer: it waits on.
+func (s *session) awaitLog(ctx context.Context, sub *subscription, digest string) error {
 	srv, r := s.srv, sub.replay
 	mu := srv.seq.stripe(sub.topic)
 	deadline := time.NewTimer(catchUpWait)
@@ -1178,7 +1203,7 @@ func (s *session) awaitLog(ctx context.Context, sub *subscription, digest string
 		r.mu.Unlock()
 		mu.Unlock()
 		if reset && onLog {
-			return
+			return nil
 		}
 		if !woken || !onLog {
 			info, refused, err := srv.headOf(ctx, sub.topic)
@@ -1186,8 +1211,10 @@ func (s *session) awaitLog(ctx context.Context, sub *subscription, digest string
 			case err != nil && woken:
 				// A failed look says nothing of the cursor's log: wait
 				// on (the tailer's next look comes within a second).
-			case err != nil || refused != nil || identOf(info).digest() != digest:
-				return
+			case err != nil:
+				return err
+			case refused != nil || identOf(info).digest() != digest:
+				return nil
 			case !woken:
 				r.tailer.wake()
 				woken = true
@@ -1195,9 +1222,9 @@ func (s *session) awaitLog(ctx context.Context, sub *subscription, digest string
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return ctx.Err()
 		case <-deadline.C:
-			return
+			return nil
 		case <-moved:
 		}
 	}

@@ -656,6 +656,43 @@ func TestPersisted_ReplayReadFails(t *testing.T) {
 	}
 }
 
+// A resume whose look at the log fails (Head) is told X_INTERNAL and the
+// session closes 1011, as when its read fails, so that the client resumes
+// again: not X_CURSOR_EXPIRED, which would tell it its messages were lost.
+// Both looks: a cursor naming another log (awaitLog), and one ahead of the
+// tailer (catchUp).
+func TestPersisted_ResumeWhoseLookFails(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		digest string // "" for the log's own
+		at     uint64
+	}{
+		{"cursor of another log", "log:zz.zz", 8},
+		{"cursor ahead of the tailer", "", 12},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			log, srv, snap := prunedLogNode(t, "chat:lookfails", func(db *storage.DB) *headFailLog { return &headFailLog{DB: db} })
+			log.fail.Store(true) // the tailer runs already: only the resume below calls Head
+			cursor := snap.Cursor
+			if tc.digest != "" {
+				cursor.Digest = tc.digest
+			}
+			r := gwtest.Dial(t, srv.url, nil)
+			r.Hello("", 0)
+			resumeAt(r, "s", "chat:lookfails", cursor, tc.at)
+			if ack := gwtest.Expect[*frames.Ack](r); ack.Ref != "s" || ack.Error == nil || ack.Error.Code != frames.CodeInternal {
+				t.Fatalf("resume whose look at the log fails: %+v, want X_INTERNAL", ack.Error)
+			}
+			_, err := r.NextErr(10 * time.Second)
+			if code := websocket.CloseStatus(err); code != websocket.StatusInternalError {
+				t.Fatalf("after X_INTERNAL: %v (close %d), want close 1011", err, code)
+			}
+		})
+	}
+}
+
 // A drop of a subscription whose replay is reading the log ends the
 // replay, not the session: the drop is acknowledged and the session goes
 // on.

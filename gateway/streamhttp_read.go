@@ -466,7 +466,7 @@ func etagMatches(ifNoneMatch, etag string) bool {
 func (s *Server) cursor(clientCursor int64) string {
 	c := int64(s.cfg.Now().Sub(cursorEpoch) / cursorInterval)
 	if clientCursor >= c {
-		// 1 to 3600 seconds ahead, in whole intervals.
+		// 1 to an hour's worth of intervals ahead (20 s to 1 h).
 		c = clientCursor + 1 + rand.Int64N(int64(time.Hour/cursorInterval))
 	}
 	return strconv.FormatInt(c, 10)
