@@ -228,12 +228,20 @@ func (s *Server) dropRefusal(nc *corkConn) {
 }
 
 // cutRefusals closes the socket of every refused connection still saying
-// reconnect, and of any that comes after.
+// reconnect, and of any that comes after. The sockets are closed after mu
+// is released: closing one flushes what it has collected, up to a second
+// on a TLS connection caught mid-message, and the session registry must
+// not wait on that. A refusal ending meanwhile closes its own socket too;
+// a second Close only returns an error.
 func (s *Server) cutRefusals() {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.cutting = true
+	ncs := make([]*corkConn, 0, len(s.refusals))
 	for nc := range s.refusals {
+		ncs = append(ncs, nc)
+	}
+	s.mu.Unlock()
+	for _, nc := range ncs {
 		_ = nc.Close()
 	}
 }
