@@ -301,9 +301,9 @@ func (srv *Server) acquireTailer(ctx context.Context, topic string) (*tailer, er
 // set, the zero offset: the topic's log is then empty. One a subscribe is
 // refused for sets refused: errNotJSONStream (another content type than
 // JSON: info is that stream) or storage.ErrGone (soft-deleted: its forks
-// keep it; info is as for none). err is any other failure. The tailer (replaced), a
-// subscribe (subscribableHead) and a resume naming a log (awaitLog) all
-// look through it.
+// keep it; info is as for none). err is any other failure. The tailer
+// (replaced), a subscribe (subscribableHead) and a resume (awaitLog,
+// catchUp) all look through it.
 func (srv *Server) headOf(ctx context.Context, topic string) (info storage.Info, refused, err error) {
 	info, err = srv.cfg.Log.Head(ctx, topic)
 	switch {
@@ -676,7 +676,9 @@ func (sub *subscription) logGap(at, digest string) {
 
 // logReset answers a reset of the subscription's topic log to the log
 // with the given digest (resetTail); a replaying subscription answers it
-// when its replayer gets to it (holdReset, runReplay).
+// when its replayer gets to it (holdReset, runReplay), unless the client
+// has not been answered yet and its cursor names that very log: it is
+// then resumed there, with no reset to report.
 func (sub *subscription) logReset(digest string) {
 	s := sub.s
 	s.srv.metrics.resumes[resumeExpired].Inc()
@@ -690,7 +692,8 @@ func (sub *subscription) logReset(digest string) {
 // there was none (adoptTail): the subscription was at the zero offset with
 // nothing after it, which is the new log's start, so nothing is lost; the
 // snapshot gives the client the log's digest for its cursor. A replaying
-// subscription answers it when its replayer gets to it (holdReset).
+// subscription answers it when its replayer gets to it (holdReset), if
+// its client was already answered (runReplay's onReset).
 func (sub *subscription) logCreated(digest string) {
 	sub.s.sendSnapshot(sub.sid, sub.topic, storage.ZeroOffset, digest)
 }
@@ -703,13 +706,13 @@ type replay struct {
 	heldLen int                // guarded by mu: bytes in held
 	maxHeld int                // static: the bound on heldLen
 	lost    bool               // guarded by mu: held overflowed and was discarded
-	reset   bool               // guarded by mu: the topic's log was replaced (resetTail) or made (adoptTail) and the replayer has not yet started over
+	reset   bool               // guarded by mu: the topic's log was replaced (resetTail) or made (adoptTail) and the replayer has not yet taken the move (onReset)
 	made    bool               // guarded by mu: with reset, only made where there was none: no loss to report
 	gap     *heldGap           // guarded by mu: the tailer skipped pruned records (skipTail) before held[gap.at]
 	cancel  context.CancelFunc // set before the replayer starts
 	done    chan struct{}      // closed when the replayer returns
 	tailer  *tailer
-	through string   // offset up to which the replayer reads; guarded by the stripe lock while active
+	through string   // the tailer's offset at the join (joinLive), where the replayer's reading starts to end; set under the stripe lock
 	log     logIdent // the log through is in; as through
 }
 
@@ -748,9 +751,10 @@ func (r *replay) hold(it outItem) bool {
 // holdReset records a reset of the topic's log (resetTail), or its making
 // where there was none (adoptTail, made), while the subscription replays:
 // what was held came from the old log and is dropped, and the replayer
-// starts again from the new log's start (runReplay). A replacement pending
-// is not turned into a making by a later one. It reports false once the
-// subscription is live.
+// starts again in the new log: from its start, or, for a client not
+// answered yet whose cursor names that log, from the cursor (runReplay).
+// A replacement pending is not turned into a making by a later one. It
+// reports false once the subscription is live.
 func (r *replay) holdReset(made bool) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -884,10 +888,9 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 	// the replay goes on from its cursor, as if the tailer had had the log
 	// when it subscribed (the client got the digest from another node
 	// sharing the log, before this node's tailer saw the log: awaitLog).
-	// A cursor naming another log
-	// (awaitLog saw it, but it was deleted and another made before the
-	// tailer looked) resumes in no other: it expires, as one of a deleted
-	// log.
+	// A cursor naming another log (awaitLog saw it, but it was deleted and
+	// another made before the tailer looked) resumes in no other: it
+	// expires, as one of a deleted log.
 	onReset := func() {
 		mu.Lock()
 		r.mu.Lock()
@@ -1126,17 +1129,17 @@ const catchUpWait = 5 * time.Second
 // position: what was held is dropped, since the replay now reads it from
 // the log. It returns the new end of the window, or false if the cursor is
 // not in the log (or the wait ran out), and an error if the log could not
-// be looked at. It looks again only when the tailer moves (tailer.moved).
+// be looked at (at the start, or when the wait ran out: a tailer stuck on
+// a failing log is no reason to expire the cursor). It looks again only
+// when the tailer moves (tailer.moved).
 func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string, cur logIdent) (string, bool, error) {
 	srv, r := s.srv, sub.replay
-	info, err := srv.cfg.Log.Head(ctx, sub.topic)
+	info, refused, err := srv.headOf(ctx, sub.topic)
 	switch {
-	case errors.Is(err, storage.ErrNotFound) || errors.Is(err, storage.ErrGone):
-		return "", false, nil // deleted: the tailer's reset follows
 	case err != nil:
 		return "", false, err
-	case cursor > info.Tail:
-		return "", false, nil
+	case refused != nil || cursor > info.Tail:
+		return "", false, nil // not in the log
 	}
 	mu := srv.seq.stripe(sub.topic)
 	deadline := time.NewTimer(catchUpWait)
@@ -1162,8 +1165,11 @@ func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string,
 		mu.Unlock()
 		select {
 		case <-ctx.Done():
-			return "", false, nil
+			return "", false, ctx.Err()
 		case <-deadline.C:
+			if _, _, err := srv.headOf(ctx, sub.topic); err != nil {
+				return "", false, err
+			}
 			return "", false, nil
 		case <-moved:
 		}
@@ -1189,12 +1195,14 @@ func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string,
 // another (the cursor's deleted and another made before the tailer
 // looked): onReset then expires the cursor. A failed first look is
 // returned (the replay answers X_INTERNAL); a failed look after it is
-// taken for no answer: it waits on.
+// taken for no answer: it waits on, and if the wait runs out with the last
+// look failed, that failure is returned.
 func (s *session) awaitLog(ctx context.Context, sub *subscription, digest string) error {
 	srv, r := s.srv, sub.replay
 	mu := srv.seq.stripe(sub.topic)
 	deadline := time.NewTimer(catchUpWait)
 	defer deadline.Stop()
+	var lookErr error // the last look's failure
 	for woken := false; ; {
 		mu.Lock()
 		r.mu.Lock()
@@ -1207,6 +1215,7 @@ func (s *session) awaitLog(ctx context.Context, sub *subscription, digest string
 		}
 		if !woken || !onLog {
 			info, refused, err := srv.headOf(ctx, sub.topic)
+			lookErr = err
 			switch {
 			case err != nil && woken:
 				// A failed look says nothing of the cursor's log: wait
@@ -1224,7 +1233,7 @@ func (s *session) awaitLog(ctx context.Context, sub *subscription, digest string
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-deadline.C:
-			return nil
+			return lookErr
 		case <-moved:
 		}
 	}

@@ -959,3 +959,115 @@ func TestPersisted_ResumeInANewLogDeletedAfterItsRecheck(t *testing.T) {
 		t.Errorf("answered after %v: awaitLog waited out catchUpWait for a move that could not come", took)
 	}
 }
+
+// lookThenFailLog hides the topic's stream from the tailer's looks (a
+// node whose tailer has not looked since the stream was made elsewhere)
+// and, once the resume has had one good look, fails every Head: the log
+// cannot be looked at any more, by the resume or the tailer. The tailer
+// is told apart by its ctx, captured at its first look once armed (no
+// other caller looks then).
+type lookThenFailLog struct {
+	*storage.DB
+	armed     atomic.Bool
+	tailerCtx atomic.Value // <-chan struct{}
+	captured  chan struct{}
+	once      sync.Once
+	failing   atomic.Bool
+}
+
+func (l *lookThenFailLog) Head(ctx context.Context, name string) (storage.Info, error) {
+	if !l.armed.Load() {
+		return l.DB.Head(ctx, name)
+	}
+	if l.tailerCtx.CompareAndSwap(nil, ctx.Done()) {
+		l.once.Do(func() { close(l.captured) })
+	}
+	switch {
+	case l.failing.Load():
+		return storage.Info{}, errors.New("head: injected failure")
+	case l.tailerCtx.Load() == ctx.Done():
+		return storage.Info{}, fmt.Errorf("%w: hidden from the tailer", storage.ErrNotFound)
+	}
+	info, err := l.DB.Head(ctx, name)
+	l.failing.Store(true) // the resume's first look: every look after it fails
+	return info, err
+}
+
+// A resume naming a log this node's tailer has not found, whose first look
+// sees that log and whose later looks (and the tailer's) all fail, is not
+// told its cursor expired: the server could not look at the log, which
+// docs/protocol.md answers with X_INTERNAL and close 1011 ("a failed look
+// is never taken for a lost cursor").
+func TestPersisted_ResumeWhoseLaterLooksFail(t *testing.T) {
+	t.Parallel()
+	const topic = "chat:laterlooks"
+	var log *lookThenFailLog
+	db, srv := startWrappedNode(t, nil, func(db *storage.DB) gateway.StreamLog {
+		log = &lookThenFailLog{DB: db, captured: make(chan struct{})}
+		return log
+	})
+	live := gwtest.Dial(t, srv.url, nil)
+	live.Hello("", 0)
+	live.Subscribe("l", topic) // a tailer with no stream
+	log.armed.Store(true)
+	waitClosed(t, "the tailer's next look", log.captured)
+	if _, _, err := db.Create(t.Context(), topic, storage.CreateOptions{ContentType: "application/json", Records: newLogRecords}); err != nil {
+		t.Fatal(err)
+	}
+	cursor := frames.Cursor{QID: "topic:" + topic, LSN: storage.FormatOffset(2), Digest: logDigest(t, db, topic), IDs: []string{}, At: 1}
+	r := gwtest.Dial(t, srv.url, nil)
+	r.Hello("", 0)
+	r.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "s", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic, Cursor: &cursor}})
+	ack := gwtest.Expect[*frames.Ack](r)
+	if ack.Ref != "s" || ack.Error == nil || ack.Error.Code != frames.CodeInternal {
+		t.Fatalf("resume whose later looks fail: ack %+v, error %+v, want X_INTERNAL (not a lost cursor)", ack, ack.Error)
+	}
+}
+
+// stuckTailerLog fails every Read while stuck is set (the tailer cannot
+// pass what it waits for), and every Head after the first one made while
+// stuck (a resume's catch-up sees the log once, then cannot look).
+type stuckTailerLog struct {
+	*storage.DB
+	stuck  atomic.Bool
+	looked atomic.Bool
+}
+
+func (l *stuckTailerLog) Read(ctx context.Context, name, after string, maxBytes int) (storage.ReadResult, error) {
+	if l.stuck.Load() {
+		return storage.ReadResult{}, errors.New("read: injected failure")
+	}
+	return l.DB.Read(ctx, name, after, maxBytes)
+}
+
+func (l *stuckTailerLog) Head(ctx context.Context, name string) (storage.Info, error) {
+	if l.stuck.Load() && l.looked.Swap(true) {
+		return storage.Info{}, errors.New("head: injected failure")
+	}
+	return l.DB.Head(ctx, name)
+}
+
+// A resume ahead of a tailer stuck on a failing log, whose wait for the
+// tailer runs out when the log cannot be looked at either, is told
+// X_INTERNAL (close 1011), not that its cursor is no position in the log.
+func TestPersisted_CatchUpWhoseLogFails(t *testing.T) {
+	t.Parallel()
+	const topic = "chat:stuck"
+	log, srv, snap := prunedLogNode(t, topic, func(db *storage.DB) *stuckTailerLog { return &stuckTailerLog{DB: db} })
+	log.stuck.Store(true)
+	for i := 11; i <= 12; i++ { // the tailer wakes for them and cannot read them
+		if _, err := log.DB.Append(t.Context(), topic, storage.AppendRequest{Records: [][]byte{fmt.Append(nil, i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := gwtest.Dial(t, srv.url, nil)
+	r.Hello("", 0)
+	resumeAt(r, "s", topic, snap.Cursor, 12) // in the log, past the tailer (10)
+	if ack := gwtest.Expect[*frames.Ack](r); ack.Ref != "s" || ack.Error == nil || ack.Error.Code != frames.CodeInternal {
+		t.Fatalf("catch-up whose log fails: %+v, want X_INTERNAL", ack.Error)
+	}
+	_, err := r.NextErr(10 * time.Second)
+	if code := websocket.CloseStatus(err); code != websocket.StatusInternalError {
+		t.Fatalf("after X_INTERNAL: %v (close %d), want close 1011", err, code)
+	}
+}
