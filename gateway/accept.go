@@ -229,10 +229,10 @@ func (s *Server) dropRefusal(nc *corkConn) {
 
 // cutRefusals closes the socket of every refused connection still saying
 // reconnect, and of any that comes after. The sockets are closed after mu
-// is released: closing one flushes what it has collected, up to a second
-// on a TLS connection caught mid-message, and the session registry must
-// not wait on that. A refusal ending meanwhile closes its own socket too;
-// a second Close only returns an error.
+// is released: closing a TLS connection writes its close_notify, which may
+// wait up to the TLS package's 5 s on a peer that does not read, and the
+// session registry must not wait on that. A refusal ending meanwhile
+// closes its own socket too; a second Close only returns an error.
 func (s *Server) cutRefusals() {
 	s.mu.Lock()
 	s.cutting = true

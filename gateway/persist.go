@@ -229,6 +229,12 @@ type tailer struct {
 	// a look is not lost.
 	made chan struct{}
 
+	// failing is set while the tailer retries a failed wait or read of
+	// its log (retry), and cleared by its next good read: a resume whose
+	// wait for it runs out then answers X_INTERNAL (catchUp), not a lost
+	// cursor.
+	failing atomic.Bool
+
 	// refused is set while the stream there, at the tailer's last look,
 	// is one a subscribe is refused for (subscribableHead): of another
 	// content type than JSON (made over HTTP on a node that does not
@@ -427,6 +433,7 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 			return false
 		}
 		log.Warn("persisted topic: "+what+" failed; retrying", "err", err)
+		t.failing.Store(true)
 		return wait(false)
 	}
 	// replaced reports whether the stream is not the one tailed any more
@@ -549,6 +556,7 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 			}
 			return
 		}
+		t.failing.Store(false)
 		if res.ID != cur.id {
 			// Made anew since the wait: the page is another log's. Head
 			// may lag the read by a commit: then look again in a while.
@@ -1129,9 +1137,10 @@ const catchUpWait = 5 * time.Second
 // position: what was held is dropped, since the replay now reads it from
 // the log. It returns the new end of the window, or false if the cursor is
 // not in the log (or the wait ran out), and an error if the log could not
-// be looked at (at the start, or when the wait ran out: a tailer stuck on
-// a failing log is no reason to expire the cursor). It looks again only
-// when the tailer moves (tailer.moved).
+// be looked at (at the start, or when the wait ran out), or the wait ran
+// out while the tailer was failing to read it (tailer.failing): a log
+// that cannot be read is no reason to expire the cursor. It looks again
+// only when the tailer moves (tailer.moved).
 func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string, cur logIdent) (string, bool, error) {
 	srv, r := s.srv, sub.replay
 	info, refused, err := srv.headOf(ctx, sub.topic)
@@ -1144,7 +1153,9 @@ func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string,
 	mu := srv.seq.stripe(sub.topic)
 	deadline := time.NewTimer(catchUpWait)
 	defer deadline.Stop()
-	for {
+	// late: the wait ran out; the tailer's state is read once more (it
+	// may have moved as the deadline fired) before the cursor is judged.
+	for late := false; ; {
 		mu.Lock()
 		r.mu.Lock()
 		if r.reset || r.tailer.log != cur {
@@ -1163,14 +1174,21 @@ func (s *session) catchUp(ctx context.Context, sub *subscription, cursor string,
 		moved := r.tailer.movedLocked()
 		r.mu.Unlock()
 		mu.Unlock()
+		if late {
+			if _, _, err := srv.headOf(ctx, sub.topic); err != nil {
+				return "", false, err
+			}
+			if r.tailer.failing.Load() {
+				// The cursor is in the log; the tailer cannot read it.
+				return "", false, errors.New("the topic's tailer cannot read its log")
+			}
+			return "", false, nil
+		}
 		select {
 		case <-ctx.Done():
 			return "", false, ctx.Err()
 		case <-deadline.C:
-			if _, _, err := srv.headOf(ctx, sub.topic); err != nil {
-				return "", false, err
-			}
-			return "", false, nil
+			late = true
 		case <-moved:
 		}
 	}
@@ -1203,7 +1221,9 @@ func (s *session) awaitLog(ctx context.Context, sub *subscription, digest string
 	deadline := time.NewTimer(catchUpWait)
 	defer deadline.Stop()
 	var lookErr error // the last look's failure
-	for woken := false; ; {
+	// late: the wait ran out; the tailer's state is read once more (it
+	// may have moved as the deadline fired).
+	for woken, late := false, false; ; {
 		mu.Lock()
 		r.mu.Lock()
 		reset, onLog := r.reset, r.tailer.log != (logIdent{})
@@ -1212,6 +1232,9 @@ func (s *session) awaitLog(ctx context.Context, sub *subscription, digest string
 		mu.Unlock()
 		if reset && onLog {
 			return nil
+		}
+		if late {
+			return lookErr
 		}
 		if !woken || !onLog {
 			info, refused, err := srv.headOf(ctx, sub.topic)
@@ -1233,7 +1256,7 @@ func (s *session) awaitLog(ctx context.Context, sub *subscription, digest string
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-deadline.C:
-			return lookErr
+			late = true
 		case <-moved:
 		}
 	}

@@ -1071,3 +1071,40 @@ func TestPersisted_CatchUpWhoseLogFails(t *testing.T) {
 		t.Fatalf("after X_INTERNAL: %v (close %d), want close 1011", err, code)
 	}
 }
+
+// readStuckLog fails every Read while stuck is set; Head keeps working. A
+// tailer on it cannot pass what it waits for, though the log can be
+// looked at.
+type readStuckLog struct {
+	*storage.DB
+	stuck atomic.Bool
+}
+
+func (l *readStuckLog) Read(ctx context.Context, name, after string, maxBytes int) (storage.ReadResult, error) {
+	if l.stuck.Load() {
+		return storage.ReadResult{}, errors.New("read: injected failure")
+	}
+	return l.DB.Read(ctx, name, after, maxBytes)
+}
+
+// A resume ahead of a tailer stuck on a log it cannot read (Head still
+// answers) is in the log: its wait running out is the server's failure to
+// read the log, which docs/protocol.md answers with X_INTERNAL and close
+// 1011, not X_CURSOR_EXPIRED ("not a position in the log").
+func TestPersisted_CatchUpWhoseTailerCannotRead(t *testing.T) {
+	t.Parallel()
+	const topic = "chat:readstuck"
+	log, srv, snap := prunedLogNode(t, topic, func(db *storage.DB) *readStuckLog { return &readStuckLog{DB: db} })
+	log.stuck.Store(true)
+	for i := 11; i <= 12; i++ {
+		if _, err := log.DB.Append(t.Context(), topic, storage.AppendRequest{Records: [][]byte{fmt.Append(nil, i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := gwtest.Dial(t, srv.url, nil)
+	r.Hello("", 0)
+	resumeAt(r, "s", topic, snap.Cursor, 12) // in the log (Head says 12), past the tailer (10)
+	if ack := gwtest.Expect[*frames.Ack](r); ack.Ref != "s" || ack.Error == nil || ack.Error.Code != frames.CodeInternal {
+		t.Fatalf("catch-up behind a tailer that cannot read the log: %+v, want X_INTERNAL", ack.Error)
+	}
+}
