@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/coder/websocket"
@@ -229,10 +230,12 @@ func (s *Server) dropRefusal(nc *corkConn) {
 
 // cutRefusals closes the socket of every refused connection still saying
 // reconnect, and of any that comes after. The sockets are closed after mu
-// is released: closing a TLS connection writes its close_notify, which may
-// wait up to the TLS package's 5 s on a peer that does not read, and the
-// session registry must not wait on that. A refusal ending meanwhile
-// closes its own socket too; a second Close only returns an error.
+// is released, and all at once: closing a TLS connection writes its
+// close_notify, which may wait up to the TLS package's 5 s on a peer that
+// does not read, so one at a time a few thousand of them could hold
+// Shutdown for hours, and the session registry must not wait on any. A
+// refusal ending meanwhile closes its own socket too; a second Close only
+// returns an error.
 func (s *Server) cutRefusals() {
 	s.mu.Lock()
 	s.cutting = true
@@ -241,9 +244,11 @@ func (s *Server) cutRefusals() {
 		ncs = append(ncs, nc)
 	}
 	s.mu.Unlock()
+	var wg sync.WaitGroup
 	for _, nc := range ncs {
-		_ = nc.Close()
+		wg.Go(func() { _ = nc.Close() })
 	}
+	wg.Wait()
 }
 
 // afterMs is d in whole milliseconds, rounded up: a client that waits
