@@ -647,13 +647,7 @@ func TestPersisted_ReplayReadFails(t *testing.T) {
 	r := gwtest.Dial(t, srv.url, nil)
 	r.Hello("", 0)
 	resumeAt(r, "s", topic, snap.Cursor, 8)
-	if ack := gwtest.Expect[*frames.Ack](r); ack.Ref != "s" || ack.Error == nil || ack.Error.Code != frames.CodeInternal {
-		t.Fatalf("resume whose log read fails: %+v, want X_INTERNAL", ack.Error)
-	}
-	_, err := r.NextErr(10 * time.Second)
-	if code := websocket.CloseStatus(err); code != websocket.StatusInternalError {
-		t.Fatalf("after X_INTERNAL: %v (close %d), want close 1011", err, code)
-	}
+	expectLogFailure(t, r, "resume whose log read fails")
 }
 
 // A resume whose look at the log fails (Head) is told X_INTERNAL and the
@@ -682,13 +676,7 @@ func TestPersisted_ResumeWhoseLookFails(t *testing.T) {
 			r := gwtest.Dial(t, srv.url, nil)
 			r.Hello("", 0)
 			resumeAt(r, "s", "chat:lookfails", cursor, tc.at)
-			if ack := gwtest.Expect[*frames.Ack](r); ack.Ref != "s" || ack.Error == nil || ack.Error.Code != frames.CodeInternal {
-				t.Fatalf("resume whose look at the log fails: %+v, want X_INTERNAL", ack.Error)
-			}
-			_, err := r.NextErr(10 * time.Second)
-			if code := websocket.CloseStatus(err); code != websocket.StatusInternalError {
-				t.Fatalf("after X_INTERNAL: %v (close %d), want close 1011", err, code)
-			}
+			expectLogFailure(t, r, "resume whose look at the log fails")
 		})
 	}
 }
@@ -1018,19 +1006,18 @@ func TestPersisted_ResumeWhoseLaterLooksFail(t *testing.T) {
 	r := gwtest.Dial(t, srv.url, nil)
 	r.Hello("", 0)
 	r.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "s", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic, Cursor: &cursor}})
-	ack := gwtest.Expect[*frames.Ack](r)
-	if ack.Ref != "s" || ack.Error == nil || ack.Error.Code != frames.CodeInternal {
-		t.Fatalf("resume whose later looks fail: ack %+v, error %+v, want X_INTERNAL (not a lost cursor)", ack, ack.Error)
-	}
+	expectLogFailure(t, r, "resume whose later looks fail (not a lost cursor)")
 }
 
 // stuckTailerLog fails every Read while stuck is set (the tailer cannot
-// pass what it waits for), and every Head after the first one made while
-// stuck (a resume's catch-up sees the log once, then cannot look).
+// pass what it waits for); with headsFail, also every Head after the
+// first one made while stuck (a resume's catch-up sees the log once, then
+// cannot look).
 type stuckTailerLog struct {
 	*storage.DB
-	stuck  atomic.Bool
-	looked atomic.Bool
+	headsFail bool
+	stuck     atomic.Bool
+	looked    atomic.Bool
 }
 
 func (l *stuckTailerLog) Read(ctx context.Context, name, after string, maxBytes int) (storage.ReadResult, error) {
@@ -1041,70 +1028,54 @@ func (l *stuckTailerLog) Read(ctx context.Context, name, after string, maxBytes 
 }
 
 func (l *stuckTailerLog) Head(ctx context.Context, name string) (storage.Info, error) {
-	if l.stuck.Load() && l.looked.Swap(true) {
+	if l.headsFail && l.stuck.Load() && l.looked.Swap(true) {
 		return storage.Info{}, errors.New("head: injected failure")
 	}
 	return l.DB.Head(ctx, name)
 }
 
-// A resume ahead of a tailer stuck on a failing log, whose wait for the
-// tailer runs out when the log cannot be looked at either, is told
-// X_INTERNAL (close 1011), not that its cursor is no position in the log.
+// A resume in the log ahead of a tailer stuck on a log it cannot read,
+// whose wait for the tailer runs out, is told X_INTERNAL (close 1011),
+// not that its cursor is no position in the log: whether the log can
+// still be looked at or not, the server failed to read it.
 func TestPersisted_CatchUpWhoseLogFails(t *testing.T) {
 	t.Parallel()
-	const topic = "chat:stuck"
-	log, srv, snap := prunedLogNode(t, topic, func(db *storage.DB) *stuckTailerLog { return &stuckTailerLog{DB: db} })
-	log.stuck.Store(true)
-	for i := 11; i <= 12; i++ { // the tailer wakes for them and cannot read them
-		if _, err := log.DB.Append(t.Context(), topic, storage.AppendRequest{Records: [][]byte{fmt.Append(nil, i)}}); err != nil {
-			t.Fatal(err)
-		}
+	for _, tc := range []struct {
+		name      string
+		headsFail bool
+	}{
+		{"tailer cannot read", false},
+		{"nor can the log be looked at", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			const topic = "chat:stuck"
+			log, srv, snap := prunedLogNode(t, topic, func(db *storage.DB) *stuckTailerLog {
+				return &stuckTailerLog{DB: db, headsFail: tc.headsFail}
+			})
+			log.stuck.Store(true)
+			for i := 11; i <= 12; i++ { // the tailer wakes for them and cannot read them
+				if _, err := log.DB.Append(t.Context(), topic, storage.AppendRequest{Records: [][]byte{fmt.Append(nil, i)}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r := gwtest.Dial(t, srv.url, nil)
+			r.Hello("", 0)
+			resumeAt(r, "s", topic, snap.Cursor, 12) // in the log, past the tailer (10)
+			expectLogFailure(t, r, "catch-up behind a tailer that cannot read the log")
+		})
 	}
-	r := gwtest.Dial(t, srv.url, nil)
-	r.Hello("", 0)
-	resumeAt(r, "s", topic, snap.Cursor, 12) // in the log, past the tailer (10)
+}
+
+// expectLogFailure expects the answer to a resume (sid "s") whose log the
+// server failed to read or look at: X_INTERNAL, then close 1011.
+func expectLogFailure(t *testing.T, r *gwtest.Conn, what string) {
+	t.Helper()
 	if ack := gwtest.Expect[*frames.Ack](r); ack.Ref != "s" || ack.Error == nil || ack.Error.Code != frames.CodeInternal {
-		t.Fatalf("catch-up whose log fails: %+v, want X_INTERNAL", ack.Error)
+		t.Fatalf("%s: %+v, want X_INTERNAL", what, ack.Error)
 	}
 	_, err := r.NextErr(10 * time.Second)
 	if code := websocket.CloseStatus(err); code != websocket.StatusInternalError {
-		t.Fatalf("after X_INTERNAL: %v (close %d), want close 1011", err, code)
-	}
-}
-
-// readStuckLog fails every Read while stuck is set; Head keeps working. A
-// tailer on it cannot pass what it waits for, though the log can be
-// looked at.
-type readStuckLog struct {
-	*storage.DB
-	stuck atomic.Bool
-}
-
-func (l *readStuckLog) Read(ctx context.Context, name, after string, maxBytes int) (storage.ReadResult, error) {
-	if l.stuck.Load() {
-		return storage.ReadResult{}, errors.New("read: injected failure")
-	}
-	return l.DB.Read(ctx, name, after, maxBytes)
-}
-
-// A resume ahead of a tailer stuck on a log it cannot read (Head still
-// answers) is in the log: its wait running out is the server's failure to
-// read the log, which docs/protocol.md answers with X_INTERNAL and close
-// 1011, not X_CURSOR_EXPIRED ("not a position in the log").
-func TestPersisted_CatchUpWhoseTailerCannotRead(t *testing.T) {
-	t.Parallel()
-	const topic = "chat:readstuck"
-	log, srv, snap := prunedLogNode(t, topic, func(db *storage.DB) *readStuckLog { return &readStuckLog{DB: db} })
-	log.stuck.Store(true)
-	for i := 11; i <= 12; i++ {
-		if _, err := log.DB.Append(t.Context(), topic, storage.AppendRequest{Records: [][]byte{fmt.Append(nil, i)}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	r := gwtest.Dial(t, srv.url, nil)
-	r.Hello("", 0)
-	resumeAt(r, "s", topic, snap.Cursor, 12) // in the log (Head says 12), past the tailer (10)
-	if ack := gwtest.Expect[*frames.Ack](r); ack.Ref != "s" || ack.Error == nil || ack.Error.Code != frames.CodeInternal {
-		t.Fatalf("catch-up behind a tailer that cannot read the log: %+v, want X_INTERNAL", ack.Error)
+		t.Fatalf("%s, after X_INTERNAL: %v (close %d), want close 1011", what, err, code)
 	}
 }
