@@ -230,9 +230,9 @@ type tailer struct {
 	made chan struct{}
 
 	// failing is set while the tailer retries a failed wait or read of
-	// its log (retry), and cleared by its next good read: a resume whose
-	// wait for it runs out then answers X_INTERNAL (catchUp), not a lost
-	// cursor.
+	// its log (retry), and cleared by its next good read or when it moves
+	// to another log (or none): a resume whose wait for it runs out then
+	// answers X_INTERNAL (catchUp), not a lost cursor.
 	failing atomic.Bool
 
 	// refused is set while the stream there, at the tailer's last look,
@@ -488,6 +488,7 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 			srv.resetTail(ctx, t, now)
 		}
 		after, cur = storage.ZeroOffset, now
+		t.failing.Store(false) // the old log's failures say nothing of this one
 		return true
 	}
 	// skipPruned handles a read of the stream tailed that found what
