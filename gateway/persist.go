@@ -632,14 +632,7 @@ func parseLogMark(b []byte) (kind byte, at, digest string, ok bool) {
 // X_CURSOR_EXPIRED and a snapshot at the start (logReset), and then gets
 // the new stream's records live.
 func (srv *Server) resetTail(ctx context.Context, t *tailer, to logIdent) {
-	mu := srv.seq.stripe(t.topic)
-	mu.Lock()
-	defer mu.Unlock()
-	t.published, t.log = storage.ZeroOffset, to
-	if err := srv.transport.Publish(ctx, t.topic, logMark(markReplaced, storage.ZeroOffset, to)); err != nil {
-		srv.log.Warn("persisted topic: fanout failed", "topic", t.topic, "err", err)
-	}
-	t.markMovedLocked()
+	srv.moveTail(ctx, t, markReplaced, storage.ZeroOffset, to)
 }
 
 // adoptTail moves t, which had no stream, onto the stream made since (to),
@@ -647,14 +640,7 @@ func (srv *Server) resetTail(ctx context.Context, t *tailer, to logIdent) {
 // snapshot at the start carrying the new log's digest (logCreated), with
 // no error, and then gets its records live.
 func (srv *Server) adoptTail(ctx context.Context, t *tailer, to logIdent) {
-	mu := srv.seq.stripe(t.topic)
-	mu.Lock()
-	defer mu.Unlock()
-	t.published, t.log = storage.ZeroOffset, to
-	if err := srv.transport.Publish(ctx, t.topic, logMark(markCreated, storage.ZeroOffset, to)); err != nil {
-		srv.log.Warn("persisted topic: fanout failed", "topic", t.topic, "err", err)
-	}
-	t.markMovedLocked()
+	srv.moveTail(ctx, t, markCreated, storage.ZeroOffset, to)
 }
 
 // skipTail moves t past records retention removed before it read them, to
@@ -662,11 +648,18 @@ func (srv *Server) adoptTail(ctx context.Context, t *tailer, to logIdent) {
 // X_CURSOR_EXPIRED and a snapshot at to (logGap), and the records after it
 // follow live.
 func (srv *Server) skipTail(ctx context.Context, t *tailer, to string, l logIdent) {
+	srv.moveTail(ctx, t, markPruned, to, l)
+}
+
+// moveTail puts t at offset at of log l and hands the transport a log mark
+// of kind saying so, under the topic's stripe lock (so no publish comes
+// between), then wakes those waiting for t to move.
+func (srv *Server) moveTail(ctx context.Context, t *tailer, kind byte, at string, l logIdent) {
 	mu := srv.seq.stripe(t.topic)
 	mu.Lock()
 	defer mu.Unlock()
-	t.published = to
-	if err := srv.transport.Publish(ctx, t.topic, logMark(markPruned, to, l)); err != nil {
+	t.published, t.log = at, l
+	if err := srv.transport.Publish(ctx, t.topic, logMark(kind, at, l)); err != nil {
 		srv.log.Warn("persisted topic: fanout failed", "topic", t.topic, "err", err)
 	}
 	t.markMovedLocked()
