@@ -36,7 +36,7 @@ type conn struct {
 	// Owned by the read loop. helloErr is read after helloc is closed.
 	gotHello  bool
 	helloErr  error
-	outOfStep error // the server dropped frames: the connection is ended and started over
+	outOfStep error // the connection is ended and started over (endWith): why
 	rlog      *slog.Logger
 
 	// The write queue: the writer goroutine (writeLoop) alone writes to
@@ -450,11 +450,18 @@ func outOfStep(ack *frames.Ack) bool {
 // resubscribes from the cursors, as after any other end; without it the
 // Client ends, failing what is still waiting with this error.
 func (cn *conn) startOver(ack *frames.Ack) {
+	cn.endWith(fmt.Errorf("%w: %s for %q: %s", ErrOutOfStep, ack.Error.Code, ack.Ref, ack.Error.Cause))
+}
+
+// endWith cuts the connection from its read loop, which then ends with
+// err (the first one given stays). With Reconnect the next connection
+// starts over from the lowest unacknowledged seq and the cursors.
+func (cn *conn) endWith(err error) {
 	if cn.outOfStep != nil {
 		return
 	}
-	cn.outOfStep = fmt.Errorf("%w: %s for %q: %s", ErrOutOfStep, ack.Error.Code, ack.Ref, ack.Error.Cause)
-	cn.rlog.Info("client: the server dropped frames; starting the connection over", logKeyErr, cn.outOfStep)
+	cn.outOfStep = err
+	cn.rlog.Info("client: starting the connection over", logKeyErr, err)
 	cn.closeNow()
 }
 

@@ -110,7 +110,10 @@
 //     after the old one reported its log gone, or later names another
 //     log made where it had none, the cursor takes the new connection's
 //     position and the Client reports [EventCursorExpired], as the
-//     records of the cursor's log after it may never come.
+//     records of the cursor's log after it may never come. A resume the
+//     server could not serve (X_INTERNAL: it could not read the topic's
+//     log, and closes with 1011) is not a refusal: the Client starts the
+//     connection over and resumes from the cursor again.
 //   - [Options.URLFor] picks each attempt's URL (e.g. [RoundRobin]), so a
 //     client can move between nodes without a load balancer.
 //   - [Options.OnEvent] reports each step ([Event]); Dial retries too, and

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 
@@ -217,6 +218,15 @@ func (s *Subscription) handleAddAck(cn *conn, a *frames.Ack, err error) {
 	}
 	if err == nil {
 		c.mu.Unlock()
+		return
+	}
+	if fe.Code == frames.CodeInternal && c.opts.Reconnect && s.settled {
+		// Not a refusal: the server failed to resume it (it could not
+		// read the topic's log; it closes the connection with 1011) and
+		// asks for the resume again. The subscription stays, and the
+		// connection starts over, which resubscribes it from its cursor.
+		c.mu.Unlock()
+		cn.endWith(fmt.Errorf("client: the server could not resume subscription %q: %w", s.sid, err))
 		return
 	}
 	// Refused: the subscription ends.

@@ -1,0 +1,54 @@
+package client_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/coder/websocket"
+
+	"github.com/syncgate/syncgate/client"
+	"github.com/syncgate/syncgate/frames"
+)
+
+// A resume the server cannot serve because it could not read the topic's
+// log is answered X_INTERNAL (ref = the sid) and close 1011: "reconnect
+// and resume again" (docs/protocol.md §6.5). The subscription is not
+// refused: the next connection resumes it from its cursor.
+func TestSubscription_ResumeInternalErrorResumesAgain(t *testing.T) {
+	s := newScripted(t)
+	ctx := testCtx(t)
+	rec := newRecorder()
+	o := rec.options()
+	o.Rand = func(int64) int64 { return 0 } // no backoff wait
+	c, err := client.Dial(ctx, s.url(), o)
+	noErr(t, err)
+	t.Cleanup(func() { c.Close() })
+	sc1 := s.next(t)
+	sub := subscribeScripted(t, ctx, c, sc1, rec.handler(t))
+	sid := sub.SID()
+	sc1.send(t, insert(sid, 1, "one"))
+	rec.waitData(t, 1)
+	sc1.ws.CloseNow() // an unscheduled end
+
+	sc2 := s.next(t)
+	resume := expect[*frames.Subscribe](t, sc2)
+	if cur := resume.Target.Cursor; cur == nil || cur.LSN != lsnOf(1) {
+		t.Fatalf("resume cursor %+v, want %s", resume.Target.Cursor, lsnOf(1))
+	}
+	sc2.send(t, &frames.Ack{Ref: sid, Error: &frames.ErrorBody{Code: frames.CodeInternal,
+		Cause: "the server could not read the topic's log", Fix: "reconnect and resume from your cursor"}})
+	_ = sc2.ws.Close(websocket.StatusInternalError, "log failed")
+
+	sc3 := s.next(t)
+	again := expect[*frames.Subscribe](t, sc3)
+	if again.SID != sid || again.Target.Cursor == nil || again.Target.Cursor.LSN != lsnOf(1) {
+		t.Fatalf("second resume %+v, want sid %s from %s", again, sid, lsnOf(1))
+	}
+	sc3.send(t, &frames.Ack{Ref: sid}, topicSnapshot(sid, 1, "log:a"), insert(sid, 2, "two"))
+	if got := rec.waitData(t, 2); strings.Join(got, ",") != "one,two" {
+		t.Fatalf("handler saw %v", got)
+	}
+	if n := rec.count(client.EventSubscriptionFailed); n != 0 {
+		t.Fatalf("%d EventSubscriptionFailed, want none", n)
+	}
+}
