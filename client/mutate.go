@@ -67,6 +67,7 @@ func (c *Client) PublishAsync(ctx context.Context, topic string, data json.RawMe
 // Mutate runs the mutation name with input (a JSON value) and waits for the
 // ack. The Client assigns the key and seq. If the ack carries an error,
 // Mutate returns the ack together with that error as a *frames.Error.
+// A name that is empty or over 256 bytes fails before any seq is used.
 //
 // If ctx ends first, Mutate returns ctx.Err(); the mutation may still be
 // applied (with Reconnect it is still re-sent on a new connection until
@@ -76,6 +77,11 @@ func (c *Client) Mutate(ctx context.Context, name string, input json.RawMessage)
 	type result struct {
 		ack *frames.Ack
 		err error
+	}
+	if name == "" || len(name) > maxNameLen {
+		// The server refuses it as a frame (X_BAD_FIELD), before its
+		// producer sees the seq: a seq spent here would be a gap.
+		return nil, fmt.Errorf("client: mutate name of %d bytes: want 1 to %d", len(name), maxNameLen)
 	}
 	resc := make(chan result, 1)
 	encode := func(key string, seq int64) ([]byte, error) {
@@ -101,6 +107,9 @@ func (c *Client) Mutate(ctx context.Context, name string, input json.RawMessage)
 	}
 	return r.ack, ackError(r.ack)
 }
+
+// maxNameLen is the longest mutate name the protocol allows.
+const maxNameLen = 256
 
 // mutateRoom is what a mutate frame needs besides its key, name and input
 // (or a publish's tail), so that encoding it allocates once.

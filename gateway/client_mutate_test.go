@@ -1,0 +1,38 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/syncgate/syncgate/gateway"
+)
+
+// TestClient_MutateBadNameUsesNoSeq: a mutate whose name the gateway
+// refuses as a frame (empty, or over 256 bytes: X_BAD_FIELD) never
+// reaches the producer, so its seq is not taken up there. The client
+// must not spend a seq on it either: the next publish succeeds rather
+// than meeting X_SEQ_GAP and ending the Client (ErrOutOfStep).
+func TestClient_MutateBadNameUsesNoSeq(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"", strings.Repeat("n", 257)} {
+		srv := newTestServer(t, gateway.Config{})
+		c := dialClient(t, srv.url, nil)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := c.Publish(ctx, "room", json.RawMessage(`1`)); err != nil {
+			t.Fatalf("first publish: %v", err)
+		}
+		if _, err := c.Mutate(ctx, name, json.RawMessage(`{}`)); err == nil {
+			t.Fatalf("mutate named %.10q…: no error", name)
+		}
+		if _, err := c.Publish(ctx, "room", json.RawMessage(`2`)); err != nil {
+			t.Fatalf("publish after a mutate named %.10q…: %v", name, err)
+		}
+		if err := c.Err(); err != nil {
+			t.Fatalf("client ended: %v", err)
+		}
+	}
+}
