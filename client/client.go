@@ -45,6 +45,11 @@ const (
 // the package doc, Pacing.
 var ErrOutOfStep = errors.New("client: the server dropped frames; the connection was started over")
 
+// ErrTooLarge fails a mutate whose frame is larger than the server accepts
+// (its hello's maxMessage): sent, it would end the connection (1009). No
+// seq is used for it.
+var ErrTooLarge = errors.New("client: frame over the server's message limit")
+
 // ErrNotConnected is returned by [Client.Send] and [Client.SendRaw] while a
 // reconnecting Client has no connection.
 var ErrNotConnected = errors.New("client: not connected")

@@ -14,7 +14,8 @@ const MutationPublish = "publish"
 
 // Publish publishes data (a JSON value) to topic and waits for the ack. It
 // returns the ack's lsn ("" if the server gave none), or a *frames.Error if
-// the ack carries an error.
+// the ack carries an error. A publish larger than the server accepts
+// fails with [ErrTooLarge], sending nothing.
 //
 // If ctx ends first, Publish returns ctx.Err(); the message may still be
 // published, and its ack goes to [Options.OnFrame].
@@ -67,7 +68,8 @@ func (c *Client) PublishAsync(ctx context.Context, topic string, data json.RawMe
 // Mutate runs the mutation name with input (a JSON value) and waits for the
 // ack. The Client assigns the key and seq. If the ack carries an error,
 // Mutate returns the ack together with that error as a *frames.Error.
-// A name that is empty or over 256 bytes fails before any seq is used.
+// A name that is empty or over 256 bytes, and a frame larger than the
+// server accepts ([ErrTooLarge]), fail before any seq is used.
 //
 // If ctx ends first, Mutate returns ctx.Err(); the mutation may still be
 // applied (with Reconnect it is still re-sent on a new connection until
@@ -139,6 +141,11 @@ func (c *Client) sendMutate(ctx context.Context, encode func(key string, seq int
 	if err != nil {
 		return nil, fmt.Errorf("client: encode mutate: %w", err) // seq not used
 	}
+	if lim := c.maxMessage(); lim > 0 && int64(len(msg)) > lim {
+		// The server would close every connection it is sent on (1009),
+		// and with Reconnect it would be re-sent on each, forever.
+		return nil, fmt.Errorf("%w: a mutate of %d bytes, over the server's %d (hello.maxMessage)", ErrTooLarge, len(msg), lim) // seq not used
+	}
 	m := &mutation{seq: seq, key: key, msg: msg, fn: fn}
 	c.mu.Lock()
 	if c.err != nil {
@@ -168,6 +175,15 @@ func (c *Client) sendMutate(ctx context.Context, encode func(key string, seq int
 	// A write that fails later ends the connection, which fails or
 	// re-sends the mutation in the same way.
 	return m, nil
+}
+
+// maxMessage returns the largest client message the latest connection's
+// server accepts, or 0 if it did not say.
+func (c *Client) maxMessage() int64 {
+	if cn := c.lastConn(); cn != nil && cn.hello != nil {
+		return cn.hello.MaxMessage
+	}
+	return 0
 }
 
 // takeMutation forgets m and reports whether it was still waiting; if not,
