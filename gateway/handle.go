@@ -34,6 +34,9 @@ func (s *session) handleLine(ctx context.Context, line []byte) {
 		s.srv.metrics.framesIn[i].Inc()
 	}
 	if e := checkLengths(f); e != nil {
+		if _, ok := f.(*frames.Mutate); ok {
+			s.dropped = true // its seq never reaches the producer, as above
+		}
 		s.sendError(e)
 		return
 	}
