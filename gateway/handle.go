@@ -33,16 +33,16 @@ func (s *session) handleLine(ctx context.Context, line []byte) {
 	if i := frameIndex(f.FrameType()); i >= 0 {
 		s.srv.metrics.framesIn[i].Inc()
 	}
-	if e := checkLengths(f); e != nil {
+	refused := checkLengths(f)
+	if _, ok := f.(*frames.Hello); refused == nil && !ok && !s.helloDone.Load() {
+		refused = frames.NewError(frames.CodeHelloRequired, refOf(f), "a "+string(f.FrameType())+" frame arrived before hello",
+			"send hello as the first frame of every connection")
+	}
+	if refused != nil {
 		if _, ok := f.(*frames.Mutate); ok {
 			s.dropped = true // its seq never reaches the producer, as above
 		}
-		s.sendError(e)
-		return
-	}
-	if _, ok := f.(*frames.Hello); !ok && !s.helloDone.Load() {
-		s.sendError(frames.NewError(frames.CodeHelloRequired, refOf(f), "a "+string(f.FrameType())+" frame arrived before hello",
-			"send hello as the first frame of every connection"))
+		s.sendError(refused)
 		return
 	}
 	switch f := f.(type) {

@@ -385,32 +385,49 @@ func TestGateway_IdleProducerBytes(t *testing.T) {
 	}
 }
 
-// A mutate refused for a key or name over its length limit never reaches
-// the producer either (its key refused, the client cannot even match the
-// answer): as after an undecodable frame, the connection's next mutate is
-// not taken for its first, and a seq beyond the one expected is
-// X_SEQ_GAP rather than run ahead of the refused one.
-func TestGateway_ProducerAfterOverlongMutate(t *testing.T) {
+// A mutate refused for a key or name over its length limit, or for coming
+// before hello, never reaches the producer either (an over-long key
+// refused, the client cannot even match the answer): as after an
+// undecodable frame, the connection's next mutate is not taken for its
+// first, and a seq beyond the one expected is X_SEQ_GAP rather than run
+// ahead of the refused one.
+func TestGateway_ProducerAfterRefusedMutate(t *testing.T) {
 	t.Parallel()
 	long := strings.Repeat("k", 257)
-	for _, m := range []*frames.Mutate{
-		{Key: long, Seq: 3, Name: "publish", Input: []byte(`{"topic":"t","data":3}`)},
-		{Key: "k3", Seq: 3, Name: long, Input: []byte(`{}`)},
+	for _, tt := range []struct {
+		name        string
+		m           *frames.Mutate
+		beforeHello bool
+		code        frames.Code
+	}{
+		{"long key", &frames.Mutate{Key: long, Seq: 3, Name: "publish", Input: []byte(`{"topic":"t","data":3}`)}, false, frames.CodeBadField},
+		{"long name", &frames.Mutate{Key: "k3", Seq: 3, Name: long, Input: []byte(`{}`)}, false, frames.CodeBadField},
+		{"before hello", &frames.Mutate{Key: "k3", Seq: 3, Name: "publish", Input: []byte(`{"topic":"t","data":3}`)}, true, frames.CodeHelloRequired},
 	} {
-		srv := newTestServer(t, gateway.Config{})
-		c := gwtest.Dial(t, srv.url, nil)
-		three := int64(3)
-		c.Send(&frames.Hello{Resume: []frames.Cursor{}, ClientID: "app", Seq: &three})
-		gwtest.Expect[*frames.Hello](c)
-		c.Send(m)
-		if ack := gwtest.Expect[*frames.Ack](c); ack.Error == nil || ack.Error.Code != frames.CodeBadField {
-			t.Fatalf("over-long mutate: %+v", ack)
-		}
-		if r := c.Publish("k4", 4, "t", `4`); r.Error == nil || r.Error.Code != frames.CodeSeqGap {
-			t.Fatalf("seq 4 after an over-long mutate: %+v, want X_SEQ_GAP", r)
-		}
-		if r := c.Publish("k3", 3, "t", `3`); r.Error != nil {
-			t.Fatalf("seq 3 sent again: %+v", r.Error)
-		}
+		t.Run(tt.name, func(t *testing.T) {
+			srv := newTestServer(t, gateway.Config{})
+			c := gwtest.Dial(t, srv.url, nil)
+			refused := func() {
+				c.Send(tt.m)
+				if ack := gwtest.Expect[*frames.Ack](c); ack.Error == nil || ack.Error.Code != tt.code {
+					t.Fatalf("refused mutate: %+v, want %s", ack, tt.code)
+				}
+			}
+			if tt.beforeHello {
+				refused()
+			}
+			three := int64(3)
+			c.Send(&frames.Hello{Resume: []frames.Cursor{}, ClientID: "app", Seq: &three})
+			gwtest.Expect[*frames.Hello](c)
+			if !tt.beforeHello {
+				refused()
+			}
+			if r := c.Publish("k4", 4, "t", `4`); r.Error == nil || r.Error.Code != frames.CodeSeqGap {
+				t.Fatalf("seq 4 after a refused mutate: %+v, want X_SEQ_GAP", r)
+			}
+			if r := c.Publish("k3", 3, "t", `3`); r.Error != nil {
+				t.Fatalf("seq 3 sent again: %+v", r.Error)
+			}
+		})
 	}
 }

@@ -39,7 +39,7 @@ type session struct {
 	epoch      int64
 	prod       *producer
 	mutated    bool // a mutate of this session has reached prod
-	dropped    bool // a frame of this session was dropped (over the frame rate), could not be decoded, or was a mutate refused for a length
+	dropped    bool // a frame of this session was dropped (over the frame rate), could not be decoded, or was a mutate refused before its producer (a length, before hello)
 
 	// Guarded by srv.buildMu (update.go): the build the client's hello
 	// named, and whether the hello was answered.
