@@ -135,7 +135,7 @@ type Info struct {
 // WebSocket door uses it: one client's mutate seqs span all topics, so
 // a single stream sees a subsequence of them.
 type Producer struct {
-	ID       string
+	ID       string // not empty, at most 32 KiB (bbolt's key limit)
 	Epoch    int64
 	Seq      int64
 	AllowGap bool

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -268,4 +269,26 @@ func TestDB_ProducerBound_Off(t *testing.T) {
 		}
 	}
 	wantStates(t, db, "s", 30)
+}
+
+// TestDB_Producer_LongID: a producer id is a key in the stream's producer
+// bucket; one longer than bbolt allows a key is a bad request, and must
+// not fail the commit it is in (which would fail the DB for good).
+func TestDB_Producer_LongID(t *testing.T) {
+	var fatals atomic.Int32
+	db := openDB(t, &storage.Options{NoSync: true, OnFatal: func(error) { fatals.Add(1) }})
+	mustCreate(t, db, "s", storage.CreateOptions{})
+	long := strings.Repeat("p", bolt.MaxKeySize+1)
+	_, err := prodAppend(db, "s", long, 0, 0)
+	wantErr(t, "Append with a producer id over bbolt's key limit", err, storage.ErrBadRequest)
+	done := make(chan error, 1)
+	db.AppendAsync("s", storage.AppendRequest{Records: rec("x"), Producer: &storage.Producer{ID: long}}, func(_ storage.AppendResult, err error) { done <- err })
+	wantErr(t, "AppendAsync with a producer id over bbolt's key limit", <-done, storage.ErrBadRequest)
+	if _, err := prodAppend(db, "s", strings.Repeat("p", bolt.MaxKeySize), 0, 0); err != nil {
+		t.Fatalf("Append with a producer id at bbolt's key limit: %v", err)
+	}
+	mustAppend(t, db, "s", storage.AppendRequest{Records: rec("y")})
+	if n := fatals.Load(); n != 0 {
+		t.Fatalf("OnFatal called %d times", n)
+	}
 }

@@ -3,6 +3,8 @@ package storage
 import (
 	"context"
 	"fmt"
+
+	bolt "go.etcd.io/bbolt"
 )
 
 // Create creates stream name with configuration o, or checks that an
@@ -100,14 +102,27 @@ func (db *DB) Append(ctx context.Context, name string, req AppendRequest) (Appen
 	if len(req.Records) == 0 && !req.Close {
 		return AppendResult{}, fmt.Errorf("%w: no records", ErrBadRequest)
 	}
-	if p := req.Producer; p != nil && (p.ID == "" || p.Epoch < 0 || p.Seq < 0) {
-		return AppendResult{}, fmt.Errorf("%w: bad producer id, epoch or seq", ErrBadRequest)
+	if err := checkProducerArgs(req.Producer); err != nil {
+		return AppendResult{}, err
 	}
 	r := &request{op: opAppend, name: name, app: &req, size: recordBytes(req.Records)}
 	if err := db.submit(ctx, r); err != nil {
 		return AppendResult{}, err
 	}
 	return r.appendResult()
+}
+
+// maxProducerIDLen bounds a producer id in bytes: the id is a key of the
+// stream's producer bucket, and a key over bbolt's limit would fail the
+// whole commit, and so the DB, not just the append that carries it.
+const maxProducerIDLen = bolt.MaxKeySize
+
+// checkProducerArgs validates an append's producer (nil: none).
+func checkProducerArgs(p *Producer) error {
+	if p != nil && (p.ID == "" || len(p.ID) > maxProducerIDLen || p.Epoch < 0 || p.Seq < 0) {
+		return fmt.Errorf("%w: bad producer id, epoch or seq", ErrBadRequest)
+	}
+	return nil
 }
 
 // appendResult formats an answered append request's result.
@@ -155,8 +170,8 @@ func (db *DB) AppendAsync(name string, req AppendRequest, done func(AppendResult
 		done(AppendResult{}, fmt.Errorf("%w: no records", ErrBadRequest))
 		return
 	}
-	if p := req.Producer; p != nil && (p.ID == "" || p.Epoch < 0 || p.Seq < 0) {
-		done(AppendResult{}, fmt.Errorf("%w: bad producer id, epoch or seq", ErrBadRequest))
+	if err := checkProducerArgs(req.Producer); err != nil {
+		done(AppendResult{}, err)
 		return
 	}
 	r := &request{op: opAppend, name: name, app: &req, size: recordBytes(req.Records), cb: done}
