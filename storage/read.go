@@ -17,6 +17,9 @@ type segment struct {
 
 // chain appends to dst the segments of m's offset space in ascending
 // order: the fork sources' records up to each fork offset, then m's own.
+// A fork offset may lie below its source's own fork offset: that source
+// then lends no records, and the sources above it only those up to the
+// lowest fork offset on the way, hi.
 func chain(dst []segment, m *meta, load func(uint64) (*meta, error)) ([]segment, error) {
 	segs := append(dst, segment{m.ID, m.Base, m.Tail, m.Pruned})
 	hi, cur := m.Base, m
@@ -28,8 +31,10 @@ func chain(dst []segment, m *meta, load func(uint64) (*meta, error)) ([]segment,
 		if src == nil {
 			return nil, fmt.Errorf("%w: fork source %d of %q is missing", errInternal, cur.SrcID, m.Name)
 		}
-		segs = append(segs, segment{src.ID, src.Base, hi, src.Pruned})
-		hi, cur = src.Base, src
+		if hi > src.Base {
+			segs = append(segs, segment{src.ID, src.Base, hi, src.Pruned})
+		}
+		hi, cur = min(hi, src.Base), src
 	}
 	for i, j := 0, len(segs)-1; i < j; i, j = i+1, j-1 {
 		segs[i], segs[j] = segs[j], segs[i]
