@@ -78,6 +78,15 @@ func (b *batch1) maintain(r *request) error {
 	}
 	for _, id := range ids {
 		ws, err := b.byID(id)
+		if errors.Is(err, errCorruptMeta) {
+			// Nothing was changed for it: the step is logged, the other
+			// streams are kept, and the next pass tries again. Failing
+			// the commit would fail the DB, at every restart's first pass.
+			if r.err == nil {
+				r.err = fmt.Errorf("stream id %d: %w", id, err)
+			}
+			continue
+		}
 		if err != nil {
 			return err
 		}
