@@ -43,9 +43,9 @@ type Options struct {
 	// streams' data, persistence of read-renewed TTLs). Default 5s.
 	MaintenanceInterval time.Duration
 
-	// PruneBatch bounds the records pruned per stream per maintenance
-	// pass, and the records of deleted streams removed per pass. Default
-	// 500.
+	// PruneBatch bounds the records pruned, and the idle producer states
+	// deleted, per stream per maintenance pass; ten times it bounds the
+	// records of deleted streams removed per pass. Default 500.
 	PruneBatch int
 
 	// ProducerTTL is how long an idle producer's state is kept. A

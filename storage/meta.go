@@ -283,8 +283,8 @@ func (p *prodState) lookup(seq int64) (uint64, bool) {
 	return 0, false
 }
 
-// encode appends p's binary form to b: uvarint epoch, lastSeq, used, ring
-// length, then the ring newest first as deltas (seq, pos) from the
+// encode appends p's binary form to b: uvarint epoch and lastSeq, varint
+// used, uvarint ring length, then the ring newest first as deltas (seq, pos) from the
 // previous entry (the first from lastSeq and 0).
 func (p *prodState) encode(b []byte) []byte {
 	b = binary.AppendUvarint(b, uint64(p.epoch))
