@@ -11,6 +11,7 @@ import (
 
 	"github.com/syncgate/syncgate/fanout"
 	"github.com/syncgate/syncgate/presence"
+	"github.com/syncgate/syncgate/storage"
 )
 
 // Config configures a [Server]. The zero value is usable: every field
@@ -418,6 +419,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("gateway: Persist needs a Log")
 	case c.MaxFrameBytes > 1<<30:
 		return c, fmt.Errorf("gateway: MaxFrameBytes (%d) is over 1 GiB", c.MaxFrameBytes)
+	case c.MaxAppendBytes > storage.MaxAppendLimit:
+		return c, fmt.Errorf("gateway: MaxAppendBytes (%d) is over 1 GiB", c.MaxAppendBytes)
 	case int64(c.SendQueueBytes) < 2*c.MaxFrameBytes:
 		// A patch carries a client's message plus its row and frame
 		// wrapping, so one queue must hold more than one client message.

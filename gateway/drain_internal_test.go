@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/syncgate/syncgate/storage"
 )
 
 // TestDrainPlan_SlotsCoverSpread: n sessions get n distinct delays, delay i
@@ -113,6 +115,17 @@ func TestConfig_DrainBounds(t *testing.T) {
 	}
 	if _, err := (Config{DrainSpread: time.Hour, DrainGrace: time.Hour}).withDefaults(); err != nil {
 		t.Errorf("an hour each: %v", err)
+	}
+}
+
+// TestConfig_MaxAppendBytes: an append bound over the log's limit is
+// refused at New, not by the log's Open later (or by a failed commit).
+func TestConfig_MaxAppendBytes(t *testing.T) {
+	if _, err := (Config{MaxAppendBytes: storage.MaxAppendLimit + 1}).withDefaults(); err == nil {
+		t.Error("MaxAppendBytes over storage.MaxAppendLimit accepted")
+	}
+	if _, err := (Config{MaxAppendBytes: storage.MaxAppendLimit}).withDefaults(); err != nil {
+		t.Errorf("MaxAppendBytes at the limit: %v", err)
 	}
 }
 

@@ -31,7 +31,7 @@ type Options struct {
 
 	// MaxAppendBytes bounds one append's total record bytes (also the
 	// initial records of a Create); above it the call fails with
-	// [ErrTooLarge]. Default 8 MiB.
+	// [ErrTooLarge]. Default 8 MiB, at most [MaxAppendLimit].
 	MaxAppendBytes int64
 
 	// Retention is the default retention of every stream without its own
@@ -82,6 +82,11 @@ type Options struct {
 	compactMinBytes int64        // file size from which Open compacts; default 64 MiB
 	metaCacheSize   int          // streams in the read cache; default maxCachedMetas
 }
+
+// MaxAppendLimit is the largest [Options].MaxAppendBytes Open takes. Each
+// record is one bbolt value (plus a 9-byte header), and a value over
+// bbolt's limit (2 GiB) would fail the whole commit, and so the DB.
+const MaxAppendLimit = 1 << 30
 
 // Defaults.
 const (
@@ -152,6 +157,9 @@ func Open(path string, opts *Options) (*DB, error) {
 	}
 	if o.MaxAppendBytes <= 0 {
 		o.MaxAppendBytes = defaultMaxAppendBytes
+	}
+	if o.MaxAppendBytes > MaxAppendLimit {
+		return nil, fmt.Errorf("storage: MaxAppendBytes %d is over MaxAppendLimit (%d)", o.MaxAppendBytes, MaxAppendLimit)
 	}
 	if o.MaintenanceInterval <= 0 {
 		o.MaintenanceInterval = defaultMaintenance

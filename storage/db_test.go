@@ -46,3 +46,14 @@ func cacheSize(o storage.Options, n int) storage.Options {
 	storage.SetMetaCacheSizeForTest(&o, n)
 	return o
 }
+
+// An append bound whose records could exceed a bbolt value is refused at
+// Open: such a record would fail its whole commit, and so the DB.
+func TestOpen_MaxAppendLimit(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "log.db")
+	if db, err := storage.Open(path, &storage.Options{MaxAppendBytes: storage.MaxAppendLimit + 1}); err == nil {
+		db.Close()
+		t.Fatal("Open took MaxAppendBytes over MaxAppendLimit")
+	}
+	openDB(t, &storage.Options{MaxAppendBytes: storage.MaxAppendLimit})
+}

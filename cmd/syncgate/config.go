@@ -174,8 +174,8 @@ var settings = []setting{
 	{"max-append", "SYNCGATE_MAX_APPEND", "8388608", "largest Durable Streams append body in bytes (HTTP 413 above it)",
 		func(c *config, v string) error {
 			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || n < 1024 {
-				return fmt.Errorf("want an integer of at least 1024, got %q", v)
+			if err != nil || n < 1024 || n > storage.MaxAppendLimit {
+				return fmt.Errorf("want an integer from 1024 to %d (1 GiB), got %q", storage.MaxAppendLimit, v)
 			}
 			c.Gateway.MaxAppendBytes = n
 			c.MaxAppend = n

@@ -264,6 +264,7 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"build id too long", []string{"-build-id", strings.Repeat("b", 257)}, nil, "-build-id"},
 		{"presence ttl zero", nil, map[string]string{"SYNCGATE_PRESENCE_TTL": "0"}, "SYNCGATE_PRESENCE_TTL"},
 		{"max frame huge", nil, map[string]string{"SYNCGATE_MAX_FRAME": "9000000000000000000"}, "SYNCGATE_MAX_FRAME"},
+		{"max append over 1 GiB", []string{"-max-append", "1073741825"}, nil, "-max-append"},
 		{"admin token with a newline", nil, map[string]string{"SYNCGATE_ADMIN_TOKEN": "0123456789abcdef0123\n"}, "SYNCGATE_ADMIN_TOKEN"},
 		{"bad token rate zero", []string{"-bad-token-rate", "0"}, nil, "-bad-token-rate"},
 		{"bad token burst zero", nil, map[string]string{"SYNCGATE_BAD_TOKEN_BURST": "0"}, "SYNCGATE_BAD_TOKEN_BURST"},
