@@ -464,12 +464,30 @@ func etagMatches(ifNoneMatch, etag string) bool {
 // the client is already there, a later one with jitter, so that a cached
 // response is never served again to the same client (PROTOCOL.md §8.1).
 func (s *Server) cursor(clientCursor int64) string {
+	return strconv.FormatInt(s.cursorNum(clientCursor), 10)
+}
+
+// cursorNum is cursor as a number.
+func (s *Server) cursorNum(clientCursor int64) int64 {
 	c := int64(s.cfg.Now().Sub(cursorEpoch) / cursorInterval)
 	if clientCursor >= c {
 		// 1 to an hour's worth of intervals ahead (20 s to 1 h).
 		c = clientCursor + 1 + rand.Int64N(int64(time.Hour/cursorInterval))
 	}
-	return strconv.FormatInt(c, 10)
+	return c
+}
+
+// sseCursors returns the cursors of one SSE response's control events to
+// a client that sent clientCursor: each is cursor's, but never less than
+// the one before. A client ahead of the clock gets new jitter for each
+// event, and the last cursor it saw, the one it echoes, must not take it
+// back to a cache key it already used.
+func (s *Server) sseCursors(clientCursor int64) func() string {
+	last := int64(-1)
+	return func() string {
+		last = max(last, s.cursorNum(clientCursor))
+		return strconv.FormatInt(last, 10)
+	}
 }
 
 // sseControl is the payload of an SSE control event.
@@ -509,6 +527,7 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, name string, q
 
 	life, cancel := s.liveContext(r.Context(), s.liveFor(sseLifetime, until))
 	defer cancel()
+	cursor := s.sseCursors(q.cursor)
 	var buf bytes.Buffer
 	for first := true; ; first = false {
 		buf.Reset()
@@ -516,7 +535,7 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, name string, q
 			appendSSEData(&buf, res, binary)
 		}
 		if len(res.Records) > 0 || first || res.Closed {
-			s.appendSSEControl(&buf, res, q.cursor)
+			appendSSEControl(&buf, res, cursor)
 		}
 		if err := s.writeSSE(w, rc, buf.Bytes()); err != nil || res.Closed {
 			return
@@ -533,7 +552,7 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, name string, q
 				return
 			case idle:
 				buf.Reset()
-				s.appendSSEControl(&buf, storage.ReadResult{Next: q.after, UpToDate: true}, q.cursor)
+				appendSSEControl(&buf, storage.ReadResult{Next: q.after, UpToDate: true}, cursor)
 				if s.writeSSE(w, rc, buf.Bytes()) != nil {
 					return
 				}
@@ -597,12 +616,12 @@ func appendSSEData(buf *bytes.Buffer, res storage.ReadResult, binary bool) {
 }
 
 // appendSSEControl appends a control event for res: the offset to resume
-// from, a cursor unless the stream is closed, and the up-to-date and
-// closed flags.
-func (s *Server) appendSSEControl(buf *bytes.Buffer, res storage.ReadResult, clientCursor int64) {
+// from, a cursor (from cursor) unless the stream is closed, and the
+// up-to-date and closed flags.
+func appendSSEControl(buf *bytes.Buffer, res storage.ReadResult, cursor func() string) {
 	c := sseControl{NextOffset: res.Next, UpToDate: res.UpToDate, Closed: res.Closed}
 	if !res.Closed {
-		c.Cursor = s.cursor(clientCursor)
+		c.Cursor = cursor()
 	}
 	b, _ := json.Marshal(c) // strings and bools always encode
 	buf.WriteString("event: control\ndata:")

@@ -939,6 +939,28 @@ func TestStreamHTTP_SSECursor(t *testing.T) {
 	}
 }
 
+// TestStreamHTTP_SSECursorNeverGoesBack: within one SSE response the
+// cursors of the control events never decrease, also for a client whose
+// cursor is ahead of the clock (each event adds jitter to it): a client
+// echoes the last one it saw, and must not go back to a cache key it
+// already used (PROTOCOL.md §8.1).
+func TestStreamHTTP_SSECursorNeverGoesBack(t *testing.T) {
+	t.Parallel()
+	s := newStreamServer(t, gateway.Config{LongPollTimeout: 5 * time.Millisecond})
+	s.do(t, "PUT", "/v1/stream/cur", hdr("Content-Type", "text/plain"), "").want(t, 201)
+	const ahead = 1 << 40 // far past the current interval
+	evs := readSSE(t, s.openSSE(t, "/v1/stream/cur?offset=-1&live=sse&cursor="+strconv.Itoa(ahead)).Body,
+		func(e []sseEvent) bool { return len(e) == 20 })
+	last := int64(ahead)
+	for i, e := range evs {
+		c, err := strconv.ParseInt(control(t, e)["streamCursor"].(string), 10, 64)
+		if err != nil || c < last || c == ahead {
+			t.Fatalf("control event %d: cursor %d after %d (client's %d)", i, c, last, int64(ahead))
+		}
+		last = c
+	}
+}
+
 // TestStreamHTTP_ShutdownEndsLiveReads checks that Shutdown ends SSE
 // responses and long-polls, so the http.Server's own Shutdown does not
 // wait out their lifetime.
