@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -471,8 +472,13 @@ func (s *Server) cursor(clientCursor int64) string {
 func (s *Server) cursorNum(clientCursor int64) int64 {
 	c := int64(s.cfg.Now().Sub(cursorEpoch) / cursorInterval)
 	if clientCursor >= c {
-		// 1 to an hour's worth of intervals ahead (20 s to 1 h).
-		c = clientCursor + 1 + rand.Int64N(int64(time.Hour/cursorInterval))
+		// 1 to an hour's worth of intervals ahead (20 s to 1 h), and
+		// never past the largest int64: a cursor that wrapped to a
+		// negative one would be ignored when echoed.
+		if room := math.MaxInt64 - clientCursor; room > 0 {
+			return clientCursor + 1 + rand.Int64N(min(room, int64(time.Hour/cursorInterval)))
+		}
+		return math.MaxInt64
 	}
 	return c
 }

@@ -961,6 +961,20 @@ func TestStreamHTTP_SSECursorNeverGoesBack(t *testing.T) {
 	}
 }
 
+// TestStreamHTTP_CursorDoesNotWrap: a client cursor near the largest
+// int64 gets a larger one, or the largest, never a negative one that
+// wrapped around.
+func TestStreamHTTP_CursorDoesNotWrap(t *testing.T) {
+	t.Parallel()
+	s := newStreamServer(t, gateway.Config{LongPollTimeout: time.Millisecond})
+	s.do(t, "PUT", "/v1/stream/cur", hdr("Content-Type", "text/plain"), "").want(t, 201)
+	const maxInt64 = 1<<63 - 1
+	for _, tc := range []struct{ client, want int64 }{{maxInt64 - 1, maxInt64}, {maxInt64, maxInt64}} {
+		r := s.do(t, "GET", "/v1/stream/cur?offset=now&live=long-poll&cursor="+strconv.FormatInt(tc.client, 10), nil, "").want(t, 204)
+		r.wantHeader(t, "Stream-Cursor", strconv.FormatInt(tc.want, 10))
+	}
+}
+
 // TestStreamHTTP_ShutdownEndsLiveReads checks that Shutdown ends SSE
 // responses and long-polls, so the http.Server's own Shutdown does not
 // wait out their lifetime.
