@@ -334,8 +334,11 @@ func (s *Server) serveLongPoll(w http.ResponseWriter, r *http.Request, name stri
 		}
 		h.Set(hdrCursor, s.cursor(q.cursor))
 		if len(res.Records) > 0 {
+			// A catch-up's headers (PROTOCOL.md §5.6), its ETag too.
+			body := renderBody(res)
+			h.Set("Etag", pageETag(q.after, res, body))
 			h.Set("Cache-Control", "no-cache")
-			writePage(w, http.StatusOK, res, renderBody(res))
+			writePage(w, http.StatusOK, res, body)
 			return
 		}
 		if res.Closed {

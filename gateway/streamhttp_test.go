@@ -310,6 +310,22 @@ func TestStreamHTTP_ETag(t *testing.T) {
 	s.do(t, "GET", p, hdr("If-None-Match", etag), "").want(t, 200).wantBody(t, "z")
 }
 
+// TestStreamHTTP_LongPollETag: a long-poll 200 carries the ETag a
+// catch-up read of the same range does (PROTOCOL.md §5.6: its headers are
+// a catch-up's; §8.1: every GET response but offset=now's has one).
+func TestStreamHTTP_LongPollETag(t *testing.T) {
+	t.Parallel()
+	s := newStreamServer(t, gateway.Config{})
+	const p = "/v1/stream/lpetag"
+	s.do(t, "PUT", p, hdr("Content-Type", "text/plain"), "a").want(t, 201)
+	etag := s.do(t, "GET", p+"?offset=-1&live=long-poll", nil, "").want(t, 200).wantBody(t, "a").header.Get("ETag")
+	if etag == "" {
+		t.Fatal("no ETag on a long-poll 200")
+	}
+	s.do(t, "GET", p+"?offset=-1", nil, "").want(t, 200).wantHeader(t, "ETag", etag)
+	s.do(t, "GET", p+"?offset=-1", hdr("If-None-Match", etag), "").want(t, 304)
+}
+
 func TestStreamHTTP_OffsetNow(t *testing.T) {
 	t.Parallel()
 	s := newStreamServer(t, gateway.Config{})
