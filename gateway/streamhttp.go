@@ -310,8 +310,11 @@ func (s *Server) limitWrite(h http.Header, r *http.Request, id *auth.Identity) *
 // actor: an object with a data member whose actorId is a string other
 // than the token's sub (see recordRow, which reads such a record as a
 // WebSocket publish's). Over HTTP a token writes only as its own actor.
-func checkRecordActors(records [][]byte, id *auth.Identity) *requestError {
-	if id == nil {
+// Only the records of a JSON stream (content type ct) are read so: a
+// subscribe refuses a stream of another type (headOf), whose records are
+// not checked.
+func checkRecordActors(ct string, records [][]byte, id *auth.Identity) *requestError {
+	if id == nil || !isJSON(ct) {
 		return nil
 	}
 	for i, rec := range records {

@@ -122,6 +122,36 @@ func TestStreamHTTP_Tokens(t *testing.T) {
 	ok(s.do(t, "DELETE", p, with(bearer(manager)), ""))
 }
 
+// TestStreamHTTP_ActorCheckIsForJSONStreams: only a JSON stream's
+// messages are read by WebSocket subscribers as publishes, so only there
+// may an object with a data member not name another actor. The bytes of a
+// stream of another type (text, NDJSON) are its own business, whatever
+// they look like.
+func TestStreamHTTP_ActorCheckIsForJSONStreams(t *testing.T) {
+	t.Parallel()
+	v, err := auth.New(auth.Config{Secret: testSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStreamServer(t, gateway.Config{Verifier: v})
+	all := []string{"logs:*"}
+	tok := sign(t, jwt.SigningMethodHS256, testSecret, auth.Claims{
+		RegisteredClaims: jwt.RegisteredClaims{Subject: "backend", ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))},
+		Topics:           auth.TopicClaims{Subscribe: all, Publish: all, Manage: all}})
+	auditLine := `{"data":{"op":"login"},"actorId":"alice"}`
+	for _, ct := range []string{"text/plain", "application/x-ndjson", "application/octet-stream"} {
+		p := "/v1/stream/logs:" + strings.ReplaceAll(ct, "/", "-")
+		h := hdr("Content-Type", ct, "Authorization", "Bearer "+tok)
+		s.do(t, "PUT", p, h, auditLine).want(t, 201)
+		s.do(t, "POST", p, h, auditLine).want(t, 204)
+		s.do(t, "GET", p, h, "").want(t, 200).wantBody(t, auditLine+auditLine)
+	}
+	// A JSON stream's still may not.
+	h := hdr("Content-Type", "application/json", "Authorization", "Bearer "+tok)
+	s.do(t, "PUT", "/v1/stream/logs:json", h, "").want(t, 201)
+	s.do(t, "POST", "/v1/stream/logs:json", h, auditLine).want(t, 403)
+}
+
 // TestStreamHTTP_LiveReadEndsAtTokenExp: a long-poll or SSE read made with
 // a token ends by the token's exp, well before its own bound (a minute
 // here), so a token cannot keep a live read open once it has expired; a

@@ -82,7 +82,7 @@ func (s *Server) serveCreate(w http.ResponseWriter, r *http.Request, name string
 		s.fail(w, r, err)
 		return
 	}
-	if err := checkRecordActors(opts.Records, id); err != nil {
+	if err := checkRecordActors(opts.ContentType, opts.Records, id); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -264,7 +264,7 @@ func (s *Server) serveAppend(w http.ResponseWriter, r *http.Request, name string
 			s.fail(w, r, s.explainBodyError(r.Context(), name, req.ContentType, err))
 			return
 		}
-		if err := checkRecordActors(req.Records, id); err != nil {
+		if err := checkRecordActors(req.ContentType, req.Records, id); err != nil {
 			s.fail(w, r, err)
 			return
 		}
