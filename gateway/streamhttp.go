@@ -377,6 +377,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		reqErr  *requestError
 		closed  *storage.ClosedError
 		prodErr *storage.ProducerError
+		pruned  *storage.PrunedError
 		status  int
 		msg     string
 	)
@@ -404,6 +405,9 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		}
 	case errors.Is(err, storage.ErrNotFound):
 		status, msg = http.StatusNotFound, "stream not found: create it with PUT"
+	case errors.As(err, &pruned):
+		status, msg = http.StatusGone, "gone: retention removed records after this offset: read from offset "+
+			pruned.Pruned+", where what the stream retains starts"
 	case errors.Is(err, storage.ErrGone):
 		status, msg = http.StatusGone, "gone: the stream was deleted (its forks still read its data), or the offset is older than what the stream retains"
 	case errors.Is(err, storage.ErrConflict) && strings.Contains(err.Error(), "still read by forks"):
