@@ -117,7 +117,8 @@ func (s *Server) serveCreate(w http.ResponseWriter, r *http.Request, name string
 
 // forkSourceError maps the errors of a fork's creation that concern its
 // source: a fork point in records retention removed is gone (410); a
-// soft-deleted source cannot be forked (409); nor can a source already
+// soft-deleted source cannot be forked (409), nor forked as another
+// content type (409); nor can a source already
 // storage.MaxForkDepth forks deep (400: the request names a source this
 // server never forks, whatever its state).
 func forkSourceError(err error) error {
@@ -131,6 +132,9 @@ func forkSourceError(err error) error {
 	}
 	if errors.Is(err, storage.ErrGone) {
 		return &requestError{http.StatusConflict, "the Stream-Forked-From source was deleted: it can no longer be forked"}
+	}
+	if errors.Is(err, storage.ErrConflict) && strings.Contains(err.Error(), "fork content type") {
+		return &requestError{http.StatusConflict, "Content-Type is not the Stream-Forked-From source's: a fork has its source's type; omit Content-Type to take it"}
 	}
 	if errors.Is(err, storage.ErrNotFound) {
 		return &requestError{http.StatusNotFound, "stream not found: the Stream-Forked-From source (or the stream) does not exist"}
