@@ -10,6 +10,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"math"
@@ -59,6 +60,7 @@ const offsetNow = "now"
 // readQuery is a GET's validated query.
 type readQuery struct {
 	after  string // the offset to read after; offsetNow for "now"
+	start  bool   // offset -1 (or none): the stream's start, which is where retention kept records (readAfter)
 	live   string // liveNone, liveLongPoll or liveSSE
 	cursor int64  // the client's cursor; -1 when absent or not a number
 }
@@ -66,7 +68,7 @@ type readQuery struct {
 // parseReadQuery validates a GET's query string. Unknown parameters are
 // ignored; offset, live and cursor may appear at most once.
 func parseReadQuery(rawQuery string) (readQuery, error) {
-	q := readQuery{after: storage.ZeroOffset, cursor: -1}
+	q := readQuery{after: storage.ZeroOffset, start: true, cursor: -1}
 	vals, err := url.ParseQuery(rawQuery)
 	if err != nil {
 		return q, badRequest("malformed query string: %v", err)
@@ -84,11 +86,11 @@ func parseReadQuery(rawQuery string) (readQuery, error) {
 			return q, badRequest("empty offset: use offset=-1 for the start, offset=now for the tail, or a Stream-Next-Offset value")
 		case off == "-1":
 		case off == offsetNow:
-			q.after = offsetNow
+			q.after, q.start = offsetNow, false
 		case !validOffsetSyntax(off):
 			return q, badRequest("malformed offset %.70q: use -1, now, or a Stream-Next-Offset value", off)
 		default:
-			q.after = off
+			q.after, q.start = off, false
 		}
 	}
 	q.live = vals.Get("live")
@@ -255,6 +257,30 @@ func (s *Server) resolveNow(ctx context.Context, name string, q *readQuery) (*st
 	return &info, nil
 }
 
+// readAfter reads a page after q.after. A read from the stream's start
+// (offset -1) whose first records retention removed begins where the
+// stream's records now start, and q.after becomes that offset: the client
+// named no position it had, so it missed nothing it read; 410 is for an
+// offset the client got from the stream (a Stream-Next-Offset), which
+// says it did. Pruning runs on maintenance ticks, so a second look
+// rarely finds more pruned; it looks at most maxStartLooks times.
+func (s *Server) readAfter(ctx context.Context, name string, q *readQuery) (storage.ReadResult, error) {
+	res, err := s.cfg.Log.Read(ctx, name, q.after, maxReadChunk)
+	for i := 1; q.start && i < maxStartLooks; i++ {
+		var pe *storage.PrunedError
+		if !errors.As(err, &pe) {
+			break
+		}
+		q.after = pe.Pruned
+		res, err = s.cfg.Log.Read(ctx, name, q.after, maxReadChunk)
+	}
+	q.start = false
+	return res, err
+}
+
+// maxStartLooks bounds readAfter's reads of a stream pruned meanwhile.
+const maxStartLooks = 3
+
 // serveCatchUp answers a GET without live: the records after the offset,
 // up to maxReadChunk, with an ETag that If-None-Match can match for a 304.
 // offset=now answers with no records and the tail.
@@ -265,7 +291,7 @@ func (s *Server) serveCatchUp(w http.ResponseWriter, r *http.Request, name strin
 		return
 	}
 	// The read renews a sliding TTL, offset=now included.
-	res, err := s.cfg.Log.Read(r.Context(), name, q.after, maxReadChunk)
+	res, err := s.readAfter(r.Context(), name, &q)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -318,7 +344,7 @@ func (s *Server) serveLongPoll(w http.ResponseWriter, r *http.Request, name stri
 	h := w.Header()
 	var id uint64 // the stream the first read found
 	for {
-		res, err := s.cfg.Log.Read(r.Context(), name, q.after, maxReadChunk)
+		res, err := s.readAfter(r.Context(), name, &q)
 		switch {
 		case err != nil:
 		case id == 0:
@@ -518,7 +544,7 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, name string, q
 		s.fail(w, r, err)
 		return
 	}
-	res, err := s.cfg.Log.Read(r.Context(), name, q.after, maxReadChunk)
+	res, err := s.readAfter(r.Context(), name, &q)
 	if err != nil {
 		s.fail(w, r, err) // still before any SSE header
 		return

@@ -735,10 +735,11 @@ func TestStreamHTTP_ForkIntoPrunedRecords(t *testing.T) {
 	}
 }
 
-// TestStreamHTTP_PrunedReadSaysWhereToRead: a read whose records
-// retention removed gets 410 with a message that names the offset to read
-// from instead, as the 410 of a fork into pruned records does: nothing
-// else tells a client where the stream now starts.
+// TestStreamHTTP_PrunedReadSaysWhereToRead: a read from an offset whose
+// records retention removed gets 410 with a message that names the offset
+// to read from instead, as the 410 of a fork into pruned records does. A
+// read from the start (offset -1, or none) is served from there: the
+// client named no position it had, so it lost nothing.
 func TestStreamHTTP_PrunedReadSaysWhereToRead(t *testing.T) {
 	t.Parallel()
 	s := newStreamServerWith(t, gateway.Config{}, func(o *storage.Options) {
@@ -753,7 +754,8 @@ func TestStreamHTTP_PrunedReadSaysWhereToRead(t *testing.T) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	var r reply
-	for r = s.do(t, "GET", p+"?offset=-1", nil, ""); r.status != 410; r = s.do(t, "GET", p+"?offset=-1", nil, "") {
+	fromZero := p + "?offset=" + zeroOffset // a Stream-Next-Offset of the empty stream
+	for r = s.do(t, "GET", fromZero, nil, ""); r.status != 410; r = s.do(t, "GET", fromZero, nil, "") {
 		if time.Now().After(deadline) {
 			t.Fatal("retention never pruned the first records")
 		}
@@ -767,6 +769,23 @@ func TestStreamHTTP_PrunedReadSaysWhereToRead(t *testing.T) {
 	// Retention may have pruned more since (a pass at a time).
 	if r := s.do(t, "GET", p+"?offset="+from, nil, ""); r.status != 200 && !strings.Contains(r.body, "retains") {
 		t.Fatalf("read from %s: %d %q", from, r.status, r.body)
+	}
+	// From the start: whatever is kept (a pass at a time, until MaxRecords
+	// 2 keeps 4 and 5 for good), never a 410.
+	for _, q := range []string{"?offset=-1", "", "?offset=-1&live=long-poll"} {
+		for {
+			r := s.do(t, "GET", p+q, nil, "")
+			if r.status != 200 || !strings.HasSuffix(r.body, "4,5]") || r.header.Get("Stream-Up-To-Date") != "true" {
+				t.Fatalf("GET %s: %d %q (up to date %q), want 200 ending with 4,5", q, r.status, r.body, r.header.Get("Stream-Up-To-Date"))
+			}
+			if r.body == "[4,5]" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("GET %s: %q, never [4,5]", q, r.body)
+			}
+			time.Sleep(5 * time.Millisecond) // polling with a deadline: maintenance runs on its own ticker
+		}
 	}
 }
 
