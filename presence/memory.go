@@ -61,6 +61,7 @@ type member struct {
 	modified bool      // ActorID or Meta changed since last reported
 	dirty    bool      // in t.changed
 	gone     bool      // removed from t.members
+	synced   bool      // listed in another holder's sync before observers were told it joined: its leave is reported
 }
 
 // NewMemoryRegistry returns an empty registry, or an error if cfg has a
@@ -376,7 +377,7 @@ func (r *MemoryRegistry) flushTopicLocked(t *topic, now time.Time) (Diff, bool) 
 	var next time.Time
 	for _, mem := range t.changed {
 		if len(mem.holders) == 0 {
-			if mem.visible {
+			if mem.visible || mem.synced {
 				if at := mem.leftAt.Add(r.cfg.LeaveGrace); now.Before(at) {
 					keep = append(keep, mem)
 					if next.IsZero() || at.Before(next) {
@@ -399,7 +400,7 @@ func (r *MemoryRegistry) flushTopicLocked(t *topic, now time.Time) (Diff, bool) 
 		case mem.modified:
 			d.Updates = append(d.Updates, mem.state)
 		}
-		mem.modified = false
+		mem.modified, mem.synced = false, false
 	}
 	clear(t.changed[len(keep):])
 	t.changed = keep
@@ -438,7 +439,9 @@ func (r *MemoryRegistry) flushTopicLocked(t *topic, now time.Time) (Diff, bool) 
 }
 
 // syncLocked returns t's listed present members, and self. It costs one
-// pass over the listed members, which t keeps sorted.
+// pass over the listed members, which t keeps sorted. A member it lists
+// before observers were told of its join is marked synced: the joiner has
+// it, so its leave must be reported even if it never becomes visible.
 func syncLocked(t *topic, self *member) Sync {
 	ms := make([]Member, 0, min(t.listed, t.present)+1)
 	addSelf := !self.listed
@@ -449,6 +452,9 @@ func syncLocked(t *topic, self *member) Sync {
 		}
 		if len(mem.holders) > 0 {
 			ms = append(ms, mem.state)
+			if !mem.visible && mem != self {
+				mem.synced = true
+			}
 		}
 	}
 	if addSelf {

@@ -126,3 +126,79 @@ func TestMemoryRegistry_Flush_empty(t *testing.T) {
 		t.Errorf("%d topics remembered, want 0", n)
 	}
 }
+
+// view is one client's member list of a topic: a Sync, then every Diff
+// applied as docs/protocol.md §6.10 says (join and update upsert, leave
+// removes).
+type view map[string]bool
+
+func newView(s presence.Sync) view {
+	v := view{}
+	for _, m := range s.Members {
+		v[m.ID] = true
+	}
+	return v
+}
+
+func (v view) apply(ds []presence.Diff, topic string) {
+	for _, d := range ds {
+		if d.Topic != topic {
+			continue
+		}
+		for _, m := range append(d.Joins, d.Updates...) {
+			v[m.ID] = true
+		}
+		for _, m := range d.Leaves {
+			delete(v, m.ID)
+		}
+	}
+}
+
+// settle flushes every Window/4 for d, applying the diffs to each view.
+func settle(t *testing.T, r *presence.MemoryRegistry, clock *presencetest.Clock, d time.Duration, vs ...view) {
+	t.Helper()
+	for step := 25 * time.Millisecond; d > 0; d -= step {
+		clock.Advance(step)
+		ds, err := r.Flush(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range vs {
+			v.apply(ds, "room")
+		}
+	}
+}
+
+func mustJoin(t *testing.T, r *presence.MemoryRegistry, holder, id string) presence.Sync {
+	t.Helper()
+	s, err := r.Join(context.Background(), "room", holder, presence.Member{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestMemoryRegistry_Sync_unreportedJoinLeaves: a member that joined in the
+// open window is in a joiner's sync; when it leaves before the window
+// closes the joiner must still be told (a leave), or it keeps a member
+// that is gone.
+func TestMemoryRegistry_Sync_unreportedJoinLeaves(t *testing.T) {
+	t.Parallel()
+	clock := presencetest.NewClock()
+	r := newMemory(t, presence.Config{Now: clock.Now})
+	mustJoin(t, r, "h1", "a")
+	settle(t, r, clock, 200*time.Millisecond)
+
+	mustJoin(t, r, "h2", "x")
+	c := newView(mustJoin(t, r, "h3", "c"))
+	if !c["x"] {
+		t.Fatalf("sync %v misses x", c)
+	}
+	if err := r.Leave(context.Background(), "room", "h2"); err != nil {
+		t.Fatal(err)
+	}
+	settle(t, r, clock, 3*time.Second, c)
+	if c["x"] {
+		t.Errorf("joiner's list %v keeps x, which left", c)
+	}
+}

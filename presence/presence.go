@@ -40,7 +40,7 @@ type Diff struct {
 	Topic   string
 	Joins   []Member // members now listed that observers did not have
 	Updates []Member // listed members whose ActorID or Meta changed: the last state
-	Leaves  []Member // listed members gone (their last state), left at least LeaveGrace ago
+	Leaves  []Member // listed members gone (their last state), left at least LeaveGrace ago; also one a Sync listed before its join was reported
 	// Total counts every present member after the diff, listed or not. A
 	// Diff whose lists are empty reports a change of Total only.
 	Total int
