@@ -438,29 +438,39 @@ func (r *MemoryRegistry) flushTopicLocked(t *topic, now time.Time) (Diff, bool) 
 	return d, true
 }
 
-// syncLocked returns t's listed present members, and self. It costs one
-// pass over the listed members, which t keeps sorted. A member it lists
-// before observers were told of its join is marked synced: the joiner has
-// it, so its leave must be reported even if it never becomes visible.
+// syncLocked returns t's listed members as observers have them (the
+// present ones, and the visible ones whose leave is not reported yet:
+// within the grace), and self. It costs one pass over the listed members,
+// which t keeps sorted. A member it lists before observers were told of
+// its join is marked synced: the joiner has it, so its leave must be
+// reported even if it never becomes visible. A visible member it lists
+// while its leave is pending is what observers have too: if it comes back
+// within the grace nobody is told anything, the joiner included, and if
+// it does not, its leave reaches the joiner with everyone's.
 func syncLocked(t *topic, self *member) Sync {
-	ms := make([]Member, 0, min(t.listed, t.present)+1)
+	ms := make([]Member, 0, t.listed+1)
+	pending := 0
 	addSelf := !self.listed
 	for _, mem := range t.sorted {
 		if addSelf && self.state.ID < mem.state.ID {
 			ms = append(ms, self.state)
 			addSelf = false
 		}
-		if len(mem.holders) > 0 {
+		switch {
+		case len(mem.holders) > 0:
 			ms = append(ms, mem.state)
 			if !mem.visible && mem != self {
 				mem.synced = true
 			}
+		case mem.visible:
+			ms = append(ms, mem.state) // its leave is pending
+			pending++
 		}
 	}
 	if addSelf {
 		ms = append(ms, self.state)
 	}
-	return Sync{Topic: t.name, Members: ms, Total: t.present}
+	return Sync{Topic: t.name, Members: ms, Total: t.present + pending}
 }
 
 // list marks mem listed.

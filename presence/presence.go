@@ -22,11 +22,15 @@ type Member struct {
 // Sync is a topic's member list for one joiner, taken when it joined.
 type Sync struct {
 	Topic string
-	// Members are the listed members, sorted by ID, and the joiner itself
-	// even when it is not listed (then len(Members) is MaxListed+1).
+	// Members are the listed members as observers have them, sorted by
+	// ID: the present ones and those whose leave is still within
+	// LeaveGrace (not reported yet), and the joiner itself even when it
+	// is not listed (then len(Members) may be MaxListed+1).
 	Members []Member
-	// Total counts every present member, listed or not. Total minus the
-	// listed members in Members is the "and N more" a client may show.
+	// Total counts every present member, listed or not, and those
+	// listed whose leave is pending, as a Diff's Total does. Total minus
+	// the listed members in Members is the "and N more" a client may
+	// show.
 	Total int
 }
 

@@ -56,6 +56,7 @@ func Run(t *testing.T, newRegistry func(t *testing.T, cfg presence.Config) prese
 		{"JoinSync", testJoinSync},
 		{"Update", testUpdate},
 		{"Leave", testLeave},
+		{"RejoinWithinGrace", testRejoinWithinGrace},
 		{"LastWriteWins", testLastWriteWins},
 		{"Clamp", testClamp},
 		{"MultiHolder", testMultiHolder},
@@ -376,8 +377,8 @@ func testUpdate(e *env) {
 	}
 }
 
-// testLeave: a leave is gone from syncs at once and reported after the
-// grace; leaving twice is not an error.
+// testLeave: a leave is reported after the grace, and syncs list the
+// member until then, as observers have it; leaving twice is not an error.
 func testLeave(e *env) {
 	e.join("room", "h1", e.member("a", ``, e.ms(0)))
 	e.join("room", "h2", e.member("b", ``, e.ms(0)))
@@ -385,13 +386,16 @@ func testLeave(e *env) {
 
 	m := e.mark()
 	e.leave("room", "h2")
-	if ms, total := e.probe("room"); ids(ms) != "a" || total != 1 {
-		e.t.Fatalf("sync after leave = %q total %d, want a 1", ids(ms), total)
+	if ms, total := e.probe("room"); ids(ms) != "a,b" || total != 2 {
+		e.t.Fatalf("sync after leave = %q total %d, want a,b 2 (b's leave pending)", ids(ms), total)
 	}
 	e.run(e.cfg.LeaveGrace - e.cfg.Window/2)
 	e.wantDiffs(m, "room")
 	e.run(e.cfg.Window)
 	e.wantDiffs(m, "room", "||b|1")
+	if ms, total := e.probe("room"); ids(ms) != "a" || total != 1 {
+		e.t.Fatalf("sync after the leave's report = %q total %d, want a 1", ids(ms), total)
+	}
 
 	e.leave("room", "h2")
 	e.leave("room", "nobody")
@@ -399,6 +403,29 @@ func testLeave(e *env) {
 	m = e.mark()
 	e.run(e.cfg.LeaveGrace + 2*e.cfg.Window)
 	e.wantDiffs(m, "room")
+}
+
+// testRejoinWithinGrace: a member that leaves and comes back within the
+// grace (a page reload) is never reported gone, and a joiner in between
+// has it all along: its sync lists it, and no diff takes it away.
+func testRejoinWithinGrace(e *env) {
+	e.join("room", "h1", e.member("a", ``, e.ms(0)))
+	e.join("room", "h2", e.member("b", ``, e.ms(0)))
+	e.run(e.cfg.Window)
+
+	m := e.mark()
+	e.leave("room", "h2") // the reload's old page
+	s := e.join("room", "h3", e.member("c", ``, e.ms(0)))
+	if ids(s.Members) != "a,b,c" {
+		e.t.Fatalf("sync of a joiner during b's grace = %q, want a,b,c", ids(s.Members))
+	}
+	e.run(e.cfg.Window)
+	e.join("room", "h4", e.member("b", ``, e.ms(0))) // the new page
+	e.run(e.cfg.LeaveGrace + 2*e.cfg.Window)
+	e.wantDiffs(m, "room", "c|||3")
+	if ms, total := e.probe("room"); ids(ms) != "a,b,c" || total != 3 {
+		e.t.Fatalf("sync after b came back = %q total %d, want a,b,c 3", ids(ms), total)
+	}
 }
 
 // testLastWriteWins: the greatest (UpdatedAt, Meta, holder) wins, whatever
@@ -488,15 +515,16 @@ func testHolderMovesID(e *env) {
 	e.run(e.cfg.Window)
 	m := e.mark()
 	s := e.join("room", "h1", e.member("b", ``, e.ms(0)))
-	if ids(s.Members) != "b" || s.Total != 1 {
-		e.t.Fatalf("sync after move = %q total %d, want b 1", ids(s.Members), s.Total)
+	if ids(s.Members) != "a,b" || s.Total != 2 {
+		e.t.Fatalf("sync after move = %q total %d, want a,b 2 (a's leave pending)", ids(s.Members), s.Total)
 	}
 	e.run(e.cfg.LeaveGrace + e.cfg.Window)
 	e.wantDiffs(m, "room", "b|||2", "||a|1")
 }
 
-// testTTLExpiry: a holder not refreshed for TTL is gone: syncs drop it at
-// once, observers get its leave, Refresh and Update say ErrNotJoined.
+// testTTLExpiry: a holder not refreshed for TTL is gone: observers get its
+// leave after the grace (syncs list it until then), Refresh and Update say
+// ErrNotJoined.
 func testTTLExpiry(e *env) {
 	e.join("room", "quiet", e.member("a", ``, e.ms(0)))
 	e.join("room", "alive", e.member("b", ``, e.ms(0)))
@@ -518,8 +546,8 @@ func testTTLExpiry(e *env) {
 		e.t.Fatalf("a gone 1ms before its TTL")
 	}
 	e.clock.Advance(time.Millisecond)
-	if ms, total := e.probe("room"); ids(ms) != "b" || total != 1 {
-		e.t.Fatalf("sync at TTL = %q total %d, want b 1", ids(ms), total)
+	if ms, total := e.probe("room"); ids(ms) != "a,b" || total != 2 {
+		e.t.Fatalf("sync at TTL = %q total %d, want a,b 2 (a's leave pending)", ids(ms), total)
 	}
 	if err := e.refresh("quiet"); !errors.Is(err, presence.ErrNotJoined) {
 		e.t.Errorf("Refresh(quiet) after TTL = %v, want ErrNotJoined", err)
@@ -530,6 +558,9 @@ func testTTLExpiry(e *env) {
 	e.wantDiffs(m, "room")
 	e.run(e.cfg.LeaveGrace + e.cfg.Window)
 	e.wantDiffs(m, "room", "||a|1")
+	if ms, total := e.probe("room"); ids(ms) != "b" || total != 1 {
+		e.t.Fatalf("sync after a's leave was reported = %q total %d, want b 1", ids(ms), total)
+	}
 }
 
 // testTTLRefresh: Refresh, Join and Update each restart a holder's TTL;
