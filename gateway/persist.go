@@ -57,10 +57,11 @@ import (
 // leave live traffic at least a quarter of it.
 
 // replayHold bounds the live patches a replaying subscription holds, in
-// number; in bytes they are bounded by a quarter of the send queue
-// (replay.maxHeld). They are queued at once when the replay ends, in the
-// session's replay turn, onto a queue below half full (replayRoom), so
-// they always fit.
+// number, and so does a quarter of the send queue's frame bound
+// (replay.maxHeldN: SendQueueMessages may be under 4096); in bytes they
+// are bounded by a quarter of the send queue (replay.maxHeld). They are
+// queued at once when the replay ends, in the session's replay turn,
+// onto a queue below half full (replayRoom), so they always fit.
 const replayHold = 4096
 
 // replayPage bounds one log read during replay and tailing. A replay
@@ -702,20 +703,21 @@ func (sub *subscription) logCreated(digest string) {
 
 // replay is a replaying subscription's state.
 type replay struct {
-	mu      sync.Mutex
-	active  bool               // guarded by mu: live patches are held, not queued
-	held    []outItem          // guarded by mu
-	heldLen int                // guarded by mu: bytes in held
-	maxHeld int                // static: the bound on heldLen
-	lost    bool               // guarded by mu: held overflowed and was discarded
-	reset   bool               // guarded by mu: the topic's log was replaced (resetTail) or made (adoptTail) and the replayer has not yet taken the move (onReset)
-	made    bool               // guarded by mu: with reset, only made where there was none: no loss to report
-	gap     *heldGap           // guarded by mu: the tailer skipped pruned records (skipTail) before held[gap.at]
-	cancel  context.CancelFunc // set before the replayer starts
-	done    chan struct{}      // closed when the replayer returns
-	tailer  *tailer
-	through string   // the tailer's offset at the join (joinLive), where the replayer's reading starts to end; set under the stripe lock
-	log     logIdent // the log through is in; as through
+	mu       sync.Mutex
+	active   bool               // guarded by mu: live patches are held, not queued
+	held     []outItem          // guarded by mu
+	heldLen  int                // guarded by mu: bytes in held
+	maxHeld  int                // static: the bound on heldLen
+	maxHeldN int                // static: the bound on len(held)
+	lost     bool               // guarded by mu: held overflowed and was discarded
+	reset    bool               // guarded by mu: the topic's log was replaced (resetTail) or made (adoptTail) and the replayer has not yet taken the move (onReset)
+	made     bool               // guarded by mu: with reset, only made where there was none: no loss to report
+	gap      *heldGap           // guarded by mu: the tailer skipped pruned records (skipTail) before held[gap.at]
+	cancel   context.CancelFunc // set before the replayer starts
+	done     chan struct{}      // closed when the replayer returns
+	tailer   *tailer
+	through  string   // the tailer's offset at the join (joinLive), where the replayer's reading starts to end; set under the stripe lock
+	log      logIdent // the log through is in; as through
 }
 
 // heldGap is a skip of the topic's log (skipTail) met while replaying: it
@@ -741,7 +743,7 @@ func (r *replay) hold(it outItem) bool {
 	}
 	switch {
 	case r.lost:
-	case len(r.held) >= replayHold || r.heldLen+it.size() > r.maxHeld:
+	case len(r.held) >= r.maxHeldN || r.heldLen+it.size() > r.maxHeld:
 		r.dropHeldLocked(true)
 	default:
 		r.held = append(r.held, it)
@@ -815,7 +817,8 @@ func (s *session) subscribePersisted(ctx context.Context, f *frames.Subscribe, s
 	sub.tailer = t
 	cursor := f.Target.Cursor
 	if cursor != nil {
-		sub.replay = &replay{active: true, done: make(chan struct{}), tailer: t, maxHeld: srv.cfg.SendQueueBytes / 4}
+		sub.replay = &replay{active: true, done: make(chan struct{}), tailer: t, maxHeld: srv.cfg.SendQueueBytes / 4,
+			maxHeldN: max(1, min(replayHold, srv.cfg.SendQueueMessages/4))}
 	}
 	if err := s.joinLive(ctx, sub, cursor == nil); err != nil {
 		srv.releaseTailer(t)

@@ -1060,3 +1060,58 @@ func TestPersisted_HTTPCreateMustBeJSON(t *testing.T) {
 		t.Fatalf("PUT of a topic that is not persisted: %d %s", code, body)
 	}
 }
+
+// Live patches held while a subscription replays are bounded in number by
+// the send queue's frame bound too (SendQueueMessages): queueing them at
+// once when the replay ends must not overflow it. They were bounded by
+// 4096 alone, so a session with a queue of 256 frames was closed 4001
+// (slow consumer) at the seam of a resume that held more.
+func TestPersisted_HeldPatchesBoundedInFrames(t *testing.T) {
+	t.Parallel()
+	var g *gateReplayLog
+	n := startPersistNodeWith(t, t.TempDir(), &storage.Options{NoSync: true}, func(c *gateway.Config) {
+		c.SendQueueMessages = 256
+		g = &gateReplayLog{DB: c.Log.(*storage.DB), open: make(chan struct{})}
+		c.Log = g
+	})
+	const topic, backlog, live = "chat:heldframes", 10, 1500
+	appendN := func(from, count int) string {
+		var tail string
+		for i := from; i < from+count; i++ {
+			res, err := n.db.Append(context.Background(), topic, storage.AppendRequest{Records: [][]byte{fmt.Appendf(nil, `{"i":%d}`, i)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tail = res.Offset
+		}
+		return tail
+	}
+	streamRequest(t, n, http.MethodPut, topic, "")
+	appendN(0, backlog)
+	c := gwtest.Dial(t, n.url, nil)
+	c.Hello("", 0)
+	sendResume(c, "s", topic, storage.ZeroOffset) // the replayer waits at the gate
+	tail := appendN(backlog, live)                // live patches, held
+	gwtest.Eventually(t, gwtest.Timeout, "the tailer reads the live records", func() bool {
+		p := g.tailRead.Load()
+		return p != nil && *p == tail
+	})
+	close(g.open)
+	got := 0
+	for got < backlog+live {
+		f, err := c.NextErr(gwtest.Timeout)
+		if err != nil {
+			t.Fatalf("after %d of %d inserts: %v", got, backlog+live, err)
+		}
+		p, ok := f.(*frames.Patch)
+		if !ok {
+			continue // the resume's ack and snapshot
+		}
+		for _, op := range p.Patches {
+			if !strings.Contains(string(op.Row), fmt.Sprintf(`"i":%d}`, got)) {
+				t.Fatalf("insert %d: %.60s", got, op.Row)
+			}
+			got++
+		}
+	}
+}
