@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -1100,7 +1101,7 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 }
 
 // replayRoom takes the session's replay turn and, holding it, waits until
-// the send queue is below half full; the caller then queues one replay
+// the send queue is below half full, in bytes and in frames; the caller then queues one replay
 // frame, or the patches it held, and ends the turn (endReplayTurn). So the
 // session's replayers queue one at a time, each onto a queue below half:
 // checking the queue on its own, each of k replayers found it below half
@@ -1117,6 +1118,15 @@ func (s *session) replayRoom(ctx context.Context) error {
 	if err := s.q.waitRoom(ctx, s.srv.cfg.SendQueueBytes/2); err != nil {
 		s.endReplayTurn()
 		return err
+	}
+	if s.q.pressed(max(1, s.srv.cfg.SendQueueMessages/2), math.MaxInt) {
+		// Below half in bytes but not in frames (SendQueueMessages, which
+		// small frames reach first): wait for the writer to take the
+		// queue, which it takes whole.
+		if err := s.q.waitRoom(ctx, 1); err != nil {
+			s.endReplayTurn()
+			return err
+		}
 	}
 	return nil
 }

@@ -71,7 +71,13 @@ type bubbleSession struct {
 
 func newBubbleSession(t *testing.T, log StreamLog, queue int) *bubbleSession {
 	t.Helper()
-	srv, err := New(Config{Log: log, Persist: []string{"chat:*"}, SendQueueBytes: queue, Writers: -1})
+	return newBubbleSessionWith(t, Config{Log: log, Persist: []string{"chat:*"}, SendQueueBytes: queue, Writers: -1})
+}
+
+// newBubbleSessionWith is newBubbleSession on a gateway made with cfg.
+func newBubbleSessionWith(t *testing.T, cfg Config) *bubbleSession {
+	t.Helper()
+	srv, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,4 +330,51 @@ func TestReplay_CatchUpWakesOnTheTailer(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A replay keeps to the send queue's frame bound (SendQueueMessages) as
+// it does to its byte bound: it queues a frame only while the queue holds
+// fewer than half its frames. It used to look at bytes alone, so on a
+// queue of 16 frames and 1 MiB a replay of small records queued its
+// frames of about 12 KiB past the frame bound and closed the session
+// 4001 (slow consumer) while its writer was a moment behind.
+func TestReplay_ResumeStaysWithinTheQueuesFrames(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const topic, n, maxFrames = "chat:frames", 64 * 40, 16
+		recs := make([][]byte, n)
+		for i := range recs {
+			recs[i] = []byte("1")
+		}
+		b := newBubbleSessionWith(t, Config{Log: newMemLog(recs), Persist: []string{"chat:*"},
+			SendQueueBytes: 1 << 20, SendQueueMessages: maxFrames, Writers: -1})
+		s := b.s
+		b.subscribe(t, "s", topic, &frames.Cursor{QID: "topic:" + topic, LSN: storage.ZeroOffset, IDs: []string{}, At: 1})
+		got := 0
+		for {
+			synctest.Wait() // the replayer has queued what it may
+			s.q.mu.Lock()
+			reason, items := s.q.reason, len(s.q.items)
+			s.q.mu.Unlock()
+			if reason != reasonNone {
+				t.Fatalf("session closed (%v) after %d of %d records", reason, got, n)
+			}
+			if items == 0 {
+				break
+			}
+			for _, f := range b.take(t) { // the writer takes the queue
+				if p, ok := f.(*frames.Patch); ok {
+					for _, op := range p.Patches {
+						if want := storage.FormatOffset(uint64(got + 1)); op.LSN != want {
+							t.Fatalf("insert at %s, want %s", op.LSN, want)
+						}
+						got++
+					}
+				}
+			}
+		}
+		if got != n {
+			t.Errorf("got %d of %d records", got, n)
+		}
+	})
 }
