@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -1115,18 +1114,10 @@ func (s *session) replayRoom(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	if err := s.q.waitRoom(ctx, s.srv.cfg.SendQueueBytes/2); err != nil {
+	// Half in frames too: small frames reach SendQueueMessages first.
+	if err := s.q.waitRoom(ctx, max(1, s.srv.cfg.SendQueueMessages/2), s.srv.cfg.SendQueueBytes/2); err != nil {
 		s.endReplayTurn()
 		return err
-	}
-	if s.q.pressed(max(1, s.srv.cfg.SendQueueMessages/2), math.MaxInt) {
-		// Below half in bytes but not in frames (SendQueueMessages, which
-		// small frames reach first): wait for the writer to take the
-		// queue, which it takes whole.
-		if err := s.q.waitRoom(ctx, 1); err != nil {
-			s.endReplayTurn()
-			return err
-		}
 	}
 	return nil
 }

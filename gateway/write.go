@@ -147,14 +147,15 @@ func (q *sendQueue) stopWriterLocked(spare []outItem) {
 	}
 }
 
-// waitRoom waits until the queue holds fewer than maxBytes, the session is
-// closing, or ctx ends (then it returns ctx.Err()). A producer of bulk
-// frames (a replay) calls it between pages so it never overflows the
-// queue it shares with live traffic.
-func (q *sendQueue) waitRoom(ctx context.Context, maxBytes int) error {
+// waitRoom waits until the queue holds fewer than maxItems frames and
+// fewer than maxBytes, the session is closing, or ctx ends (then it
+// returns ctx.Err()). A producer of bulk frames (a replay) calls it
+// between pages so it never overflows the queue it shares with live
+// traffic.
+func (q *sendQueue) waitRoom(ctx context.Context, maxItems, maxBytes int) error {
 	for {
 		q.mu.Lock()
-		if q.bytes < maxBytes || q.reason != reasonNone {
+		if len(q.items) < maxItems && q.bytes < maxBytes || q.reason != reasonNone {
 			q.mu.Unlock()
 			return nil
 		}
