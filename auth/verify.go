@@ -5,6 +5,7 @@ import (
 	"crypto/rsa"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -84,6 +85,8 @@ type Verifier struct {
 	keys     []publicKey
 	algs     []string // accepted algorithms, in the order HS256, RS256, ES256
 	maxBytes int
+	audience string // Config.Audience: "" is unchecked
+	issuer   string // Config.Issuer: "" is unchecked
 	parser   *jwt.Parser
 	cache    *tokenCache // the tokens verified (cache.go)
 }
@@ -141,7 +144,7 @@ func New(cfg Config) (*Verifier, error) {
 	if len(cfg.Secret) == 0 && len(cfg.Keys) == 0 {
 		return nil, errors.New("auth: no secret and no keys configured")
 	}
-	v := &Verifier{maxBytes: cfg.MaxTokenBytes}
+	v := &Verifier{maxBytes: cfg.MaxTokenBytes, audience: cfg.Audience, issuer: cfg.Issuer}
 	if v.maxBytes == 0 {
 		v.maxBytes = defaultMaxTokenBytes
 	}
@@ -375,9 +378,12 @@ func (v *Verifier) classify(t *jwt.Token, c *Claims, err error) error {
 			return fmt.Errorf("%w: nbf %s", ErrNotYetValid, c.NotBefore.UTC().Format(time.RFC3339))
 		case errors.Is(err, jwt.ErrTokenUsedBeforeIssued):
 			return fmt.Errorf("%w: iat %s is in the future", ErrNotYetValid, c.IssuedAt.UTC().Format(time.RFC3339))
-		case errors.Is(err, jwt.ErrTokenInvalidAudience) || len(c.Audience) == 0 && errors.Is(err, jwt.ErrTokenRequiredClaimMissing):
+		// jwt says only "a required claim is missing" of an absent aud
+		// (or one of just "") and of an absent iss: tell them apart by
+		// what the token holds.
+		case errors.Is(err, jwt.ErrTokenInvalidAudience) || v.audience != "" && !slices.Contains(c.Audience, v.audience):
 			return fmt.Errorf("%w: aud must include this server's audience", ErrAudience)
-		case errors.Is(err, jwt.ErrTokenInvalidIssuer) || errors.Is(err, jwt.ErrTokenRequiredClaimMissing):
+		case errors.Is(err, jwt.ErrTokenInvalidIssuer) || v.issuer != "" && c.Issuer != v.issuer:
 			return fmt.Errorf("%w: iss must be this server's issuer", ErrIssuer)
 		}
 	}

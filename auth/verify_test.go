@@ -52,6 +52,8 @@ func TestVerifier_Verify_table(t *testing.T) {
 	full := newVerifier(t, Config{Secret: testSecret, Keys: keys, Audience: "syncgate", Issuer: "https://issuer.example"})
 	rsaOnly := newVerifier(t, Config{Keys: rsaPEM})
 	hsOnly := newVerifier(t, Config{Secret: testSecret})
+	issOnly := newVerifier(t, Config{Secret: testSecret, Issuer: "https://issuer.example"})
+	audOnly := newVerifier(t, Config{Secret: testSecret, Audience: "syncgate"})
 
 	hs := func(mod func(*Claims)) string {
 		c := claims()
@@ -114,6 +116,11 @@ func TestVerifier_Verify_table(t *testing.T) {
 		{"aud among several", full, hs(func(c *Claims) { c.Audience = jwt.ClaimStrings{"other", "syncgate"} }), nil},
 		{"wrong iss", full, hs(func(c *Claims) { c.Issuer = "https://evil.example" }), ErrIssuer},
 		{"missing iss", full, hs(func(c *Claims) { c.Issuer = "" }), ErrIssuer},
+		// jwt reports a missing aud and a missing iss alike (a required
+		// claim is missing): the sentinel must name the one configured.
+		{"missing iss, no aud, only iss configured", issOnly, hs(func(c *Claims) { c.Audience, c.Issuer = nil, "" }), ErrIssuer},
+		{"empty aud, only aud configured", audOnly, hs(func(c *Claims) { c.Audience, c.Issuer = jwt.ClaimStrings{""}, "" }), ErrAudience},
+		{"empty aud with the right iss", full, hs(func(c *Claims) { c.Audience = jwt.ClaimStrings{""} }), ErrAudience},
 		{"aud and iss unchecked when not configured", hsOnly, hs(func(c *Claims) { c.Audience, c.Issuer = nil, "" }), nil},
 		{"tampered signature", full, parts[0] + "." + parts[1] + "." + flip(parts[2], 5), ErrBadSignature},
 		{"tampered payload", full, parts[0] + "." + otherPayload + "." + parts[2], ErrBadSignature},
