@@ -313,6 +313,34 @@ func TestAuth_ExpiryRefreshAndGrace(t *testing.T) {
 	}
 }
 
+// TestAuth_HelloBeforeExpiryNotice: a token past its exp but within the
+// leeway is accepted, and the session is told X_TOKEN_EXPIRED at once;
+// that notice (an error ack with ref "") must come after the server's
+// hello, or the client reads it as its hello's refusal. The notice's
+// timer used to be armed before the hello was queued, and now and then
+// won the race to the queue.
+func TestAuth_HelloBeforeExpiryNotice(t *testing.T) {
+	t.Parallel()
+	a := newAuthServer(t, gateway.Config{TokenGrace: time.Minute}, nil, auth.Config{Leeway: time.Minute})
+	c := a.claims("u1", 0, all)
+	c.ExpiresAt = jwt.NewNumericDate(time.Now().Add(-2 * time.Second))
+	tok := sign(t, jwt.SigningMethodHS256, testSecret, c)
+	// The race was lost about once in fifty hellos on a 2-core machine.
+	for i := range 300 {
+		conn := gwtest.Dial(t, a.url, nil)
+		conn.Send(&frames.Hello{Resume: []frames.Cursor{}, Token: tok})
+		if f := conn.Next(); !isHello(f) {
+			t.Fatalf("hello %d: first frame %T %+v, want the server's hello", i, f, f)
+		}
+		if ack := gwtest.Expect[*frames.Ack](conn); ack.Ref != "" || ack.Error == nil || ack.Error.Code != frames.CodeTokenExpired {
+			t.Fatalf("hello %d: then %+v, want the X_TOKEN_EXPIRED notice", i, ack)
+		}
+		conn.Close()
+	}
+}
+
+func isHello(f frames.Frame) bool { _, ok := f.(*frames.Hello); return ok }
+
 func TestAuth_SessionsPerActor(t *testing.T) {
 	t.Parallel()
 	a := newAuthServer(t, gateway.Config{MaxSessionsPerActor: 1}, nil, auth.Config{})

@@ -136,7 +136,7 @@ func (s *session) handleFrameHello(f *frames.Hello) {
 			return
 		}
 	}
-	s.setAuth(st)
+	s.auth.Store(st) // its expiry timer is armed once the hello is answered
 	s.clientID, s.epoch = f.ClientID, f.Epoch
 	if f.ClientID != "" {
 		s.prodName = producerName(st.actorID, f.ClientID)
@@ -149,6 +149,10 @@ func (s *session) handleFrameHello(f *frames.Hello) {
 	s.helloTimer.Stop()
 	s.helloTimer = nil
 	s.answerHello(s.serverHello(st.actorID), f.BuildID)
+	// Only now: a token past its exp (accepted within the leeway) is
+	// told X_TOKEN_EXPIRED at once, and that error ack, queued before the
+	// server's hello, would read as the hello's refusal.
+	s.setAuth(st)
 }
 
 // serverHello is the hello the server answers s's hello (or a token
