@@ -125,13 +125,17 @@ type tokenClock struct {
 
 // setAuth installs st and (re)arms the expiry timer.
 func (s *session) setAuth(st *authState) {
-	s.auth.Store(st)
 	if st.expires.IsZero() {
+		s.auth.Store(st)
 		return
 	}
 	c := &s.tokens
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// Under mu, with the generation bumped: the timer of the token st
+	// replaces, firing now, marks the state it loads as expired, and
+	// must find its own (or stale generation), never st.
+	s.auth.Store(st)
 	c.gen++
 	gen := c.gen
 	if c.timer != nil {
