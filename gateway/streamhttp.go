@@ -327,6 +327,39 @@ func checkRecordActors(ct string, records [][]byte, id *auth.Identity) *requestE
 	return nil
 }
 
+// checkProducerActor refuses, for a request that came with a token (id
+// not nil), a Producer-Id of the form a WebSocket client's producer has
+// in a persisted topic's log, "<length of sub>:<sub>:<clientId>"
+// (producerName), that names another sub than the token's. That name
+// is what keeps another actor who learns a client's id from fencing it
+// with a higher epoch or taking up its seqs (whose publishes would then
+// be acked as retries and not written); over HTTP the Producer-Id is the
+// client's to choose, so the same rule is kept here.
+func checkProducerActor(p *storage.Producer, id *auth.Identity) *requestError {
+	if p == nil || id == nil {
+		return nil
+	}
+	if sub, ok := producerSub(p.ID); ok && sub != id.ActorID {
+		return &requestError{http.StatusForbidden, fmt.Sprintf(
+			"Producer-Id %.80q is a WebSocket client's producer of another sub (<length of sub>:<sub>:<clientId>): a token may use only its own sub's, or names of another form", p.ID)}
+	}
+	return nil
+}
+
+// producerSub returns the sub in a producer id of producerName's form
+// with a sub, and whether it is of that form.
+func producerSub(pid string) (string, bool) {
+	n, rest, ok := strings.Cut(pid, ":")
+	if !ok {
+		return "", false
+	}
+	l, err := strconv.Atoi(n)
+	if err != nil || strconv.Itoa(l) != n || l < 0 || len(rest) <= l || rest[l] != ':' {
+		return "", false
+	}
+	return rest[:l], true
+}
+
 // streamName returns the stream named by an escaped request path (or a
 // Stream-Forked-From path): everything after /v1/stream/, unescaped once,
 // so a name may contain '/' (and "%2F" is one too).

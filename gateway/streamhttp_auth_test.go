@@ -611,3 +611,54 @@ func TestStreamHTTP_BadTokenChecksUnderWay(t *testing.T) {
 		t.Fatalf("the verifier checked %d tokens, want 2", got)
 	}
 }
+
+// TestStreamHTTP_ProducerIDOfAnotherActor: a WebSocket client's producer
+// in a persisted topic's log is "<length of sub>:<sub>:<clientId>", so
+// that another actor who learns the clientId can neither fence the client
+// nor take up its seqs (docs/security.md §3). Over HTTP a Producer-Id is
+// the client's to choose: one of that form naming another sub is refused
+// (403), else a token that may publish to the topic could fence the
+// client with a higher epoch, or jump its seqs so that its next publishes
+// are acked as retries and never written.
+func TestStreamHTTP_ProducerIDOfAnotherActor(t *testing.T) {
+	t.Parallel()
+	v, err := auth.New(auth.Config{Secret: testSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStreamServer(t, gateway.Config{Verifier: v, Persist: []string{"chat:*"}})
+	token := func(sub string) string {
+		return sign(t, jwt.SigningMethodHS256, testSecret, auth.Claims{
+			RegisteredClaims: jwt.RegisteredClaims{Subject: sub, ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))},
+			Topics:           auth.TopicClaims{Subscribe: []string{"chat:*"}, Publish: []string{"chat:*"}}})
+	}
+	alice := gwtest.Dial(t, "ws"+strings.TrimPrefix(s.base, "http")+"/v1/ws", nil)
+	alice.Send(&frames.Hello{Resume: []frames.Cursor{}, Token: token("alice"), ClientID: "phone"})
+	gwtest.Expect[*frames.Hello](alice)
+	if ack := alice.Publish("m0", 0, "chat:1", `"first"`); ack.Error != nil {
+		t.Fatalf("publish: %+v", ack.Error)
+	}
+
+	producer := func(id, epoch, seq string) http.Header {
+		return hdr("Authorization", "Bearer "+token("mallory"), "Content-Type", "application/json",
+			"Producer-Id", id, "Producer-Epoch", epoch, "Producer-Seq", seq)
+	}
+	// Seqs 1 and 2 in alice's place used to be 200, and alice's own
+	// seqs 1 and 2 then acked but not written; epoch 1 fenced her.
+	for _, p := range [][2]string{{"0", "1"}, {"0", "2"}, {"1", "0"}} {
+		s.do(t, "POST", "/v1/stream/chat:1", producer("5:alice:phone", p[0], p[1]), `{"n":1}`).want(t, 403)
+	}
+	// Its own, and any other name, are fine.
+	s.do(t, "POST", "/v1/stream/chat:1", producer("7:mallory:laptop", "0", "0"), `{"n":3}`).want(t, 200)
+	s.do(t, "POST", "/v1/stream/chat:1", producer("ingest-1", "0", "0"), `{"n":4}`).want(t, 200)
+
+	for seq := int64(1); seq <= 2; seq++ {
+		if ack := alice.Publish(fmt.Sprintf("m%d", seq), seq, "chat:1", `"more"`); ack.Error != nil {
+			t.Fatalf("publish seq %d after mallory's appends: %+v", seq, ack.Error)
+		}
+	}
+	r := s.do(t, "GET", "/v1/stream/chat:1?offset=-1", hdr("Authorization", "Bearer "+token("alice")), "").want(t, 200)
+	if n := strings.Count(r.body, `"more"`); n != 2 {
+		t.Fatalf("alice's later publishes: %d in the log, want 2: %s", n, r.body)
+	}
+}

@@ -248,6 +248,10 @@ func (s *Server) serveAppend(w http.ResponseWriter, r *http.Request, name string
 		s.fail(w, r, err)
 		return
 	}
+	if err := checkProducerActor(req.Producer, id); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	body, err := s.readBody(w, r)
 	if err != nil {
 		s.fail(w, r, err)
