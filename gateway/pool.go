@@ -195,6 +195,10 @@ func (p *writerPool) add(s *session) {
 // Config.Now: a held session must come back after d whatever the wall
 // clock (or a test's) says.
 func (p *writerPool) hold(s *session, d time.Duration) {
+	// Marked held before it is in the heap: a push that ends the hold
+	// early (sendQueue.push) in between puts s in line, and this entry is
+	// stale from the start.
+	gen := s.q.holdPool()
 	due := int64(time.Since(p.epoch) + d)
 	p.mu.Lock()
 	// Idle workers sleep until the earliest due time there was when they
@@ -204,7 +208,7 @@ func (p *writerPool) hold(s *session, d time.Duration) {
 	if len(p.held) == 0 || due < p.held[0].due {
 		w = p.takeIdleLocked()
 	}
-	heap.Push(&p.held, heldSession{due: due, s: s})
+	heap.Push(&p.held, heldSession{due: due, s: s, gen: gen})
 	p.mu.Unlock()
 	if w != nil {
 		w.signal()
@@ -299,6 +303,9 @@ func (p *writerPool) next(w *poolWorker, t *time.Timer) (s *session, due bool) {
 				p.late++
 			}
 			p.mu.Unlock()
+			if !h.s.q.takeHold(h.gen) {
+				continue // ended early by a push, which put s in line
+			}
 			return h.s, true
 		}
 		if p.head < len(p.ready) {
@@ -401,6 +408,7 @@ type readySession struct {
 type heldSession struct {
 	due int64 // nanoseconds since the pool's epoch
 	s   *session
+	gen uint32 // the hold's generation (sendQueue.holdPool)
 }
 
 // heldHeap is a min-heap of held sessions by due time.

@@ -1,7 +1,10 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -408,6 +411,89 @@ func TestSession_OverloadHoldsFastSessionsWhole(t *testing.T) {
 		s.lastCount, s.lastGap, s.lastWrite = count, int64(20*time.Millisecond), now.UnixNano()-int64(5*time.Millisecond)
 		if got, want := s.holdFor(), 70*time.Millisecond; got != want {
 			t.Errorf("%d frames in 20 ms: holdFor() = %v, want %v", count, got, want)
+		}
+	}
+}
+
+// TestSession_HoldEndsWhenTheQueueFills: pacing looks at a session's queue
+// only when a hold starts, so a burst during a hold used to fill the queue
+// and close a session whose client reads promptly as a slow consumer
+// (4001). A push that fills an eighth of the queue now ends the hold, for
+// both writers: the pool's held heap and a session's own writeLoop.
+func TestSession_HoldEndsWhenTheQueueFills(t *testing.T) {
+	now := time.Unix(1000, 0)
+	const d = 10 * time.Second // the hold: far longer than the test may take
+	start := time.Now()
+	srv, err := New(Config{
+		Writers: 1, SendQueueBytes: 128 << 10,
+		MaxWriteDelay: d, OverloadWriteDelay: d,
+		CPUTime: func() time.Duration { return 100 * time.Since(start) }, // always busy
+		Now:     func() time.Time { return now },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown(context.Background())
+	deadline := time.Now().Add(10 * time.Second)
+	for srv.pacer.delay() != d {
+		if time.Now().After(deadline) {
+			t.Fatalf("pacing delay %v, want it to settle at %v", srv.pacer.delay(), d)
+		}
+		time.Sleep(5 * time.Millisecond) // polling the pacer's state, with a deadline
+	}
+	body := []byte(`"` + strings.Repeat("x", 1000) + `"`)
+	const frames = 200 // about 200 KB: over the 128 KiB bound, unless written meanwhile
+	for _, own := range []bool{false, true} {
+		s, cc := pooledSession(t, srv, fmt.Sprint("own-", own))
+		s.pooled = !own
+		// A session that batches, written just now: held for the whole d.
+		s.lastCount, s.lastGap, s.lastWrite = 64, int64(d), now.UnixNano()
+		if got := s.holdFor(); got != d {
+			t.Fatalf("holdFor = %v, want %v", got, d)
+		}
+		// The last frames, under an eighth, may wait out the hold: the
+		// client must get the others.
+		const want = frames - 32
+		got := make(chan int, 1)
+		go func() {
+			n := 0
+			for n < want {
+				_, msg, err := cc.Read(context.Background())
+				if err != nil {
+					break
+				}
+				n += bytes.Count(msg, []byte("\n")) + 1
+			}
+			got <- n
+		}()
+		// The load's shape (a frame every 2 ms), not synchronisation: the
+		// queue's eighth comes in 32 ms, its bound in about 260.
+		tick := time.NewTicker(2 * time.Millisecond)
+		for i := range frames {
+			<-tick.C
+			if !s.enqueue(outItem{body: body, kind: idxPatch}) {
+				t.Fatalf("own writer %v: frame %d refused: the session was closed (%v) while its client reads", own, i, s.q.reason)
+			}
+		}
+		tick.Stop()
+		select {
+		case n := <-got:
+			if n < want {
+				t.Fatalf("own writer %v: client got %d frames, want %d or more", own, n, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("own writer %v: %d frames were not written within 5s (the hold is %v)", own, want, d)
+		}
+		// A close ends a hold too: the rest and the close frame come now.
+		s.closeWith(reasonShutdown)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		var err error
+		for err == nil {
+			_, _, err = cc.Read(ctx)
+		}
+		cancel()
+		if websocket.CloseStatus(err) != websocket.StatusGoingAway {
+			t.Fatalf("own writer %v: after the close the client read %v, want close 1001 within 5s (the hold is %v)", own, err, d)
 		}
 	}
 }

@@ -321,8 +321,13 @@ func (s *session) closeWith(r closeReason) {
 	}
 	s.q.reason = r
 	start := s.claimWriterLocked()
+	// A writer pacing holds sends the close now, not after the hold.
+	wake := s.q.held != holdNone && s.q.unholdLocked() == pushedWake
 	s.q.mu.Unlock()
-	s.closing.Store(true)
+	s.closing.Store(true) // before the pool's turn, which holds no closing session
+	if wake {
+		s.srv.pool.add(s)
+	}
 	if f := s.flood.Load(); f != nil {
 		close(f.wake) // a reader paused for a flood stops waiting
 	}
@@ -361,6 +366,8 @@ func (s *session) enqueue(it outItem) (queued bool) {
 	switch s.q.push(it, s.srv.cfg.SendQueueMessages, s.srv.cfg.SendQueueBytes) {
 	case pushedStart:
 		s.spawnWriter()
+	case pushedWake:
+		s.srv.pool.add(s) // its entry in the held heap is stale now (takeHold)
 	case pushFull:
 		s.srv.metrics.drops[dropQueueFull].Inc()
 		s.closeWith(reasonSlowConsumer)

@@ -37,6 +37,9 @@ type sendQueue struct {
 	pingDue bool          // guarded by mu: the writer should ping before it exits
 	reason  closeReason   // guarded by mu: set once by closeWith; then nothing is accepted
 	room    chan struct{} // guarded by mu: closed when the writer next takes the queue (waitRoom)
+	held    holdKind      // guarded by mu: the writer is held by pacing, and by whom (see push)
+	holdGen uint32        // guarded by mu: counts holds, so that a pool's entry of an ended hold is known (takeHold)
+	wake    chan struct{} // guarded by mu: ends writeLoop's hold early; made at its first hold
 
 	writers *sync.WaitGroup // joined under mu whenever writing turns true
 }
@@ -49,10 +52,25 @@ const (
 	pushedStart                   // queued; the caller must start a writer
 	pushFull                      // refused: the queue is over a bound
 	pushClosed                    // refused: the session is closing
+	pushedWake                    // queued; the pool held the writer: the caller must put the session in its line
+)
+
+// holdKind says whether, and where, pacing holds a session's writer.
+type holdKind int8
+
+const (
+	holdNone holdKind = iota
+	holdPool          // in the pool's held heap (writerPool.hold)
+	holdOwn           // writeLoop waiting on its timer
 )
 
 // push appends it unless the session is closing or the queue would exceed
-// maxItems or maxBytes.
+// maxItems or maxBytes. A push that fills an eighth of either bound while
+// pacing holds the writer ends the hold: holdFor checks the queue only
+// when a hold starts, and a burst during it would otherwise close a
+// healthy session as a slow consumer. writeLoop's hold is woken here;
+// the pool's is ended here too, and the caller puts the session in line
+// (pushedWake).
 func (q *sendQueue) push(it outItem, maxItems, maxBytes int) pushResult {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -65,11 +83,78 @@ func (q *sendQueue) push(it outItem, maxItems, maxBytes int) pushResult {
 	q.items = append(q.items, it)
 	q.bytes += it.size()
 	if q.writing {
+		if q.held != holdNone && (len(q.items) >= maxItems/8 || q.bytes >= maxBytes/8) {
+			return q.unholdLocked()
+		}
 		return pushed
 	}
 	q.writing = true
 	q.writers.Add(1)
 	return pushedStart
+}
+
+// unholdLocked ends a pacing hold early (see push).
+func (q *sendQueue) unholdLocked() pushResult {
+	by := q.held
+	q.held = holdNone
+	q.holdGen++
+	if by == holdOwn {
+		select {
+		case q.wake <- struct{}{}:
+		default:
+		}
+		return pushed
+	}
+	return pushedWake
+}
+
+// holdOwn marks writeLoop's writer held, and returns the channel that
+// push signals to end the hold early.
+func (q *sendQueue) holdOwn() <-chan struct{} {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.wake == nil {
+		q.wake = make(chan struct{}, 1)
+	}
+	select {
+	case <-q.wake: // left by a push racing the last hold's timer
+	default:
+	}
+	q.held = holdOwn
+	q.holdGen++
+	return q.wake
+}
+
+// holdPool marks the writer held in the pool's heap and returns the
+// hold's generation, for takeHold.
+func (q *sendQueue) holdPool() uint32 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.held = holdPool
+	q.holdGen++
+	return q.holdGen
+}
+
+// takeHold ends the pool's hold gen when it comes due, and reports
+// whether it was still on: false if push ended it early (the session went
+// in line then, so this entry of the held heap is stale).
+func (q *sendQueue) takeHold(gen uint32) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.held != holdPool || q.holdGen != gen {
+		return false
+	}
+	q.held = holdNone
+	return true
+}
+
+// endHold ends writeLoop's hold when its timer fired first.
+func (q *sendQueue) endHold() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.held == holdOwn {
+		q.held = holdNone
+	}
 }
 
 // pressed reports whether the queue holds at least items frames or bytes.
@@ -200,12 +285,18 @@ func (s *session) writeLoop(ctx context.Context, first *writeRound) {
 			r, first = *first, nil
 		} else {
 			if left := s.holdFor(); left > 0 {
+				wake := s.q.holdOwn()
 				if wait == nil {
 					wait = time.NewTimer(left)
 				} else {
 					wait.Reset(left)
 				}
-				<-wait.C
+				select {
+				case <-wait.C:
+					s.q.endHold()
+				case <-wake: // the queue filled an eighth (push)
+					wait.Stop()
+				}
 			}
 			var done bool
 			r.items, r.ping, r.reason, done = s.q.next(batch)
@@ -261,7 +352,8 @@ func (s *session) writeFailed(err error) {
 // such a session's writes alternate between short and full-delay holds,
 // and a frame waits at most about one of its gaps). A session
 // that has not written yet is not held, and one whose queue is an eighth
-// full writes at once: pacing must never be what makes a consumer slow.
+// full writes at once: pacing must never be what makes a consumer slow
+// (nor may a burst during a hold: see push, which ends it).
 // Only the session's writer may call it.
 func (s *session) holdFor() time.Duration {
 	d := int64(s.srv.pacer.delay())
