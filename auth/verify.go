@@ -97,6 +97,8 @@ type Identity struct {
 	ActorID string
 	// Expires is the token's exp. Verify accepts the token until
 	// Expires plus the leeway; the gateway tells the session at Expires.
+	// A custom gateway.TokenVerifier may leave it zero: its identities
+	// never expire (no expiry notice, and live HTTP reads are not cut).
 	Expires time.Time
 	// Grants are the topic patterns the token grants.
 	Grants Grants

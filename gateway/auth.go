@@ -15,7 +15,8 @@ import (
 // TokenVerifier checks the token a client sends in hello. *auth.Verifier
 // satisfies it. Verify's error must wrap one of the auth.Err… sentinels
 // (they pick the error code the client gets) and must not contain the
-// token.
+// token. An identity with a zero Expires never expires: its sessions get
+// no expiry notice, and its live HTTP reads run their full length.
 type TokenVerifier interface {
 	Verify(token string) (*auth.Identity, error)
 }

@@ -662,3 +662,24 @@ func TestStreamHTTP_ProducerIDOfAnotherActor(t *testing.T) {
 		t.Fatalf("alice's later publishes: %d in the log, want 2: %s", n, r.body)
 	}
 }
+
+// TestStreamHTTP_IdentityWithoutExpiry: a custom TokenVerifier may return
+// an identity with no Expires, which a WebSocket session takes as never
+// expiring; a live read takes it the same way, rather than as a token
+// past its exp (401).
+func TestStreamHTTP_IdentityWithoutExpiry(t *testing.T) {
+	t.Parallel()
+	v := opaqueVerifier{}
+	s := newStreamServer(t, gateway.Config{Verifier: v, LongPollTimeout: 50 * time.Millisecond})
+	h := hdr("Authorization", "Bearer opaque", "Content-Type", "text/plain")
+	s.do(t, "PUT", "/v1/stream/s", h, "").want(t, 201)
+	s.do(t, "GET", "/v1/stream/s?offset=now&live=long-poll", h, "").want(t, 204)
+}
+
+// opaqueVerifier takes any token for an identity that may do everything
+// and never expires (an opaque-token service's, say).
+type opaqueVerifier struct{}
+
+func (opaqueVerifier) Verify(string) (*auth.Identity, error) {
+	return &auth.Identity{ActorID: "svc", Grants: auth.AllowAll()}, nil
+}

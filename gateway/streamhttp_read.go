@@ -167,7 +167,8 @@ func (s *Server) serveRead(w http.ResponseWriter, r *http.Request, name string, 
 		return
 	}
 	var until time.Time // zero: no bound but the mode's own
-	if id != nil && q.live != liveNone {
+	// A zero Expires never expires (TokenVerifier).
+	if id != nil && q.live != liveNone && !id.Expires.IsZero() {
 		until = id.Expires
 		if !until.After(s.cfg.Now()) {
 			w.Header().Set("WWW-Authenticate", challengeInvalid)
