@@ -94,8 +94,12 @@ func parseReadQuery(rawQuery string) (readQuery, error) {
 		}
 	}
 	q.live = vals.Get("live")
+	_, hasLive := vals["live"]
 	switch q.live {
 	case liveNone:
+		if hasLive {
+			return q, badRequest("empty live mode: use live=long-poll or live=sse, or omit live for a catch-up read")
+		}
 	case liveLongPoll, liveSSE:
 		if !hasOffset {
 			return q, badRequest("live=%s needs an offset: use offset=-1, offset=now or a Stream-Next-Offset value", q.live)

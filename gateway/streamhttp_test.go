@@ -853,6 +853,7 @@ func TestStreamHTTP_BadInput(t *testing.T) {
 		{"long-poll without offset", "GET", "/v1/stream/ref?live=long-poll", nil, "", 400},
 		{"sse without offset", "GET", "/v1/stream/ref?live=sse", nil, "", 400},
 		{"unknown live", "GET", "/v1/stream/ref?offset=-1&live=ws", nil, "", 400},
+		{"empty live", "GET", "/v1/stream/ref?offset=-1&live=", nil, "", 400},
 		{"TTL letters", "PUT", "/v1/stream/ref", with(text, "Stream-TTL", "abc"), "", 400},
 		{"TTL negative", "PUT", "/v1/stream/ref", with(text, "Stream-TTL", "-1"), "", 400},
 		{"TTL leading zero", "PUT", "/v1/stream/ref", with(text, "Stream-TTL", "00060"), "", 400},
