@@ -953,59 +953,74 @@ func (g *gateReplayLog) Read(ctx context.Context, name, after string, maxBytes i
 	return res, err
 }
 
-// Live patches held while a subscription replays are bounded in bytes:
-// more than a quarter of the send queue makes the replay read them from
-// the log instead, so queueing what is held when the replay ends never
-// overflows the queue (it used to close the session 4001).
-func TestPersisted_HeldPatchesBoundedInBytes(t *testing.T) {
+// Live patches held while a subscription replays are bounded by the send
+// queue, in bytes (a quarter of SendQueueBytes) and in frames (a quarter
+// of SendQueueMessages): past either, the replay reads them from the log
+// instead, so queueing what is held when the replay ends never overflows
+// the queue. Each bound was missing once, and a session only a moment
+// behind was closed 4001 (slow consumer) at the seam of a resume.
+func TestPersisted_HeldPatchesBounded(t *testing.T) {
 	t.Parallel()
-	var g *gateReplayLog
-	n := startPersistNodeWith(t, t.TempDir(), &storage.Options{NoSync: true}, func(c *gateway.Config) {
-		c.SendQueueBytes = 256 << 10
-		g = &gateReplayLog{DB: c.Log.(*storage.DB), open: make(chan struct{})}
-		c.Log = g
-	})
-	const topic, backlog, live = "chat:held", 100, 400
-	pad := strings.Repeat("x", 1000)
-	appendN := func(from, count int) string {
-		var tail string
-		for i := from; i < from+count; i++ {
-			res, err := n.db.Append(context.Background(), topic, storage.AppendRequest{Records: [][]byte{fmt.Appendf(nil, `{"i":%d,"pad":%q}`, i, pad)}})
-			if err != nil {
-				t.Fatal(err)
+	for _, tt := range []struct {
+		name          string
+		queue         func(c *gateway.Config)
+		backlog, live int
+		pad           int // bytes of padding per record
+	}{
+		{"bytes", func(c *gateway.Config) { c.SendQueueBytes = 256 << 10 }, 100, 400, 1000}, // 400 KiB held
+		{"frames", func(c *gateway.Config) { c.SendQueueMessages = 256 }, 10, 1500, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var g *gateReplayLog
+			n := startPersistNodeWith(t, t.TempDir(), &storage.Options{NoSync: true}, func(c *gateway.Config) {
+				tt.queue(c)
+				g = &gateReplayLog{DB: c.Log.(*storage.DB), open: make(chan struct{})}
+				c.Log = g
+			})
+			topic := "chat:held-" + tt.name
+			pad := strings.Repeat("x", tt.pad)
+			appendN := func(from, count int) string {
+				var tail string
+				for i := from; i < from+count; i++ {
+					res, err := n.db.Append(context.Background(), topic, storage.AppendRequest{Records: [][]byte{fmt.Appendf(nil, `{"i":%d,"pad":%q}`, i, pad)}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					tail = res.Offset
+				}
+				return tail
 			}
-			tail = res.Offset
-		}
-		return tail
-	}
-	streamRequest(t, n, http.MethodPut, topic, "")
-	appendN(0, backlog)
-	c := gwtest.Dial(t, n.url, nil)
-	c.C.SetReadLimit(-1)
-	c.Hello("", 0)
-	sendResume(c, "s", topic, storage.ZeroOffset) // the replayer waits at the gate
-	tail := appendN(backlog, live)                // 400 KiB of live patches, held
-	gwtest.Eventually(t, gwtest.Timeout, "the tailer reads the live records", func() bool {
-		p := g.tailRead.Load()
-		return p != nil && *p == tail
-	})
-	close(g.open)
-	got := 0
-	for got < backlog+live {
-		f, err := c.NextErr(gwtest.Timeout)
-		if err != nil {
-			t.Fatalf("after %d of %d inserts: %v", got, backlog+live, err)
-		}
-		p, ok := f.(*frames.Patch)
-		if !ok {
-			continue // the resume's ack and snapshot
-		}
-		for _, op := range p.Patches {
-			if !strings.Contains(string(op.Row), fmt.Sprintf(`"i":%d,`, got)) {
-				t.Fatalf("insert %d: %.60s", got, op.Row)
+			streamRequest(t, n, http.MethodPut, topic, "")
+			appendN(0, tt.backlog)
+			c := gwtest.Dial(t, n.url, nil)
+			c.C.SetReadLimit(-1)
+			c.Hello("", 0)
+			sendResume(c, "s", topic, storage.ZeroOffset) // the replayer waits at the gate
+			tail := appendN(tt.backlog, tt.live)          // live patches, held
+			gwtest.Eventually(t, gwtest.Timeout, "the tailer reads the live records", func() bool {
+				p := g.tailRead.Load()
+				return p != nil && *p == tail
+			})
+			close(g.open)
+			got := 0
+			for got < tt.backlog+tt.live {
+				f, err := c.NextErr(gwtest.Timeout)
+				if err != nil {
+					t.Fatalf("after %d of %d inserts: %v", got, tt.backlog+tt.live, err)
+				}
+				p, ok := f.(*frames.Patch)
+				if !ok {
+					continue // the resume's ack and snapshot
+				}
+				for _, op := range p.Patches {
+					if !strings.Contains(string(op.Row), fmt.Sprintf(`"i":%d,`, got)) {
+						t.Fatalf("insert %d: %.60s", got, op.Row)
+					}
+					got++
+				}
 			}
-			got++
-		}
+		})
 	}
 }
 
@@ -1058,60 +1073,5 @@ func TestPersisted_HTTPCreateMustBeJSON(t *testing.T) {
 	}
 	if code, body := put("notes:t", "text/plain"); code != http.StatusCreated {
 		t.Fatalf("PUT of a topic that is not persisted: %d %s", code, body)
-	}
-}
-
-// Live patches held while a subscription replays are bounded in number by
-// the send queue's frame bound too (SendQueueMessages): queueing them at
-// once when the replay ends must not overflow it. They were bounded by
-// 4096 alone, so a session with a queue of 256 frames was closed 4001
-// (slow consumer) at the seam of a resume that held more.
-func TestPersisted_HeldPatchesBoundedInFrames(t *testing.T) {
-	t.Parallel()
-	var g *gateReplayLog
-	n := startPersistNodeWith(t, t.TempDir(), &storage.Options{NoSync: true}, func(c *gateway.Config) {
-		c.SendQueueMessages = 256
-		g = &gateReplayLog{DB: c.Log.(*storage.DB), open: make(chan struct{})}
-		c.Log = g
-	})
-	const topic, backlog, live = "chat:heldframes", 10, 1500
-	appendN := func(from, count int) string {
-		var tail string
-		for i := from; i < from+count; i++ {
-			res, err := n.db.Append(context.Background(), topic, storage.AppendRequest{Records: [][]byte{fmt.Appendf(nil, `{"i":%d}`, i)}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			tail = res.Offset
-		}
-		return tail
-	}
-	streamRequest(t, n, http.MethodPut, topic, "")
-	appendN(0, backlog)
-	c := gwtest.Dial(t, n.url, nil)
-	c.Hello("", 0)
-	sendResume(c, "s", topic, storage.ZeroOffset) // the replayer waits at the gate
-	tail := appendN(backlog, live)                // live patches, held
-	gwtest.Eventually(t, gwtest.Timeout, "the tailer reads the live records", func() bool {
-		p := g.tailRead.Load()
-		return p != nil && *p == tail
-	})
-	close(g.open)
-	got := 0
-	for got < backlog+live {
-		f, err := c.NextErr(gwtest.Timeout)
-		if err != nil {
-			t.Fatalf("after %d of %d inserts: %v", got, backlog+live, err)
-		}
-		p, ok := f.(*frames.Patch)
-		if !ok {
-			continue // the resume's ack and snapshot
-		}
-		for _, op := range p.Patches {
-			if !strings.Contains(string(op.Row), fmt.Sprintf(`"i":%d}`, got)) {
-				t.Fatalf("insert %d: %.60s", got, op.Row)
-			}
-			got++
-		}
 	}
 }
