@@ -42,6 +42,10 @@ type config struct {
 	Insecure    bool // anonymous mode on a non-loopback address
 	TLSCert     string
 	TLSKey      string
+
+	// leaveGraceSet: presence-leave-grace was given (flag, env or file),
+	// not defaulted; unset, it follows a presence-window above it.
+	leaveGraceSet bool
 }
 
 // secret is a string that never prints: every fmt verb and slog show
@@ -279,8 +283,11 @@ var settings = []setting{
 		positiveDurationSetting(func(c *config) *time.Duration { return &c.Gateway.PresenceTTL })},
 	{"presence-window", "SYNCGATE_PRESENCE_WINDOW", "100ms", "presence coalescing window: a topic's joins, updates and leaves reach subscribers at most once per window, batched",
 		positiveDurationSetting(func(c *config) *time.Duration { return &c.Gateway.PresenceWindow })},
-	{"presence-leave-grace", "SYNCGATE_PRESENCE_LEAVE_GRACE", "1s", "how long a member must stay gone before subscribers see it leave; a rejoin inside it (reload, reconnect) is no flap. At least presence-window",
-		positiveDurationSetting(func(c *config) *time.Duration { return &c.Gateway.PresenceLeaveGrace })},
+	{"presence-leave-grace", "SYNCGATE_PRESENCE_LEAVE_GRACE", "1s", "how long a member must stay gone before subscribers see it leave; a rejoin inside it (reload, reconnect) is no flap. At least presence-window (unset, it follows a presence-window above 1s)",
+		func(c *config, v string) error {
+			c.leaveGraceSet = true
+			return positiveDurationSetting(func(c *config) *time.Duration { return &c.Gateway.PresenceLeaveGrace })(c, v)
+		}},
 	{"allowed-origins", "SYNCGATE_ALLOWED_ORIGINS", "", "comma-separated Origin patterns allowed besides the request's own host: host[:port] (app.example.com, localhost:5173), *.domain (any subdomain, never domain itself), optionally https:// or http:// in front to pin the scheme; no other wildcard, never null",
 		func(c *config, v string) error {
 			c.Gateway.AllowedOrigins = nil
@@ -457,6 +464,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 			panic("bad default for " + s.name + ": " + err.Error())
 		}
 	}
+	c.leaveGraceSet = false
 	fs := flag.NewFlagSet("syncgate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var flagged []func() error
@@ -660,6 +668,14 @@ func (c *config) validate() error {
 	if c.anonymous() && !c.Insecure && !loopbackAddr(c.Addr) {
 		return fmt.Errorf("addr (SYNCGATE_ADDR) %s is not a loopback address, and no token keys are set: "+
 			"set SYNCGATE_JWT_SECRET or SYNCGATE_JWT_KEYS, or run anonymous anyway with -insecure (SYNCGATE_INSECURE=true)", c.Addr)
+	}
+	if g := &c.Gateway; g.PresenceLeaveGrace < g.PresenceWindow {
+		if c.leaveGraceSet {
+			return fmt.Errorf("presence-leave-grace (SYNCGATE_PRESENCE_LEAVE_GRACE=%v) must be at least presence-window (SYNCGATE_PRESENCE_WINDOW=%v)",
+				g.PresenceLeaveGrace, g.PresenceWindow)
+		}
+		// The 1s default, as the gateway's own: never below the window.
+		g.PresenceLeaveGrace = g.PresenceWindow
 	}
 	if int64(c.Gateway.SendQueueBytes) < 2*c.Gateway.MaxFrameBytes {
 		return fmt.Errorf("send-queue-bytes (SYNCGATE_SEND_QUEUE_BYTES=%d) must be at least twice max-frame (SYNCGATE_MAX_FRAME=%d)",

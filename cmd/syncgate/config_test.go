@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/syncgate/syncgate/gateway"
 )
 
 func env(m map[string]string) func(string) string {
@@ -279,5 +281,40 @@ func TestParseConfig_Errors(t *testing.T) {
 				t.Fatalf("err = %v, want it to mention %s", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestParseConfig_PresenceLeaveGraceFollowsWindow: a presence-window
+// above the leave grace's 1s default raises the grace with it (as the
+// gateway's own default does), so the node starts; a leave grace set
+// shorter than the window is refused with a message naming both
+// settings, not left to gateway.New's "PresenceLeaveGrace".
+func TestParseConfig_PresenceLeaveGraceFollowsWindow(t *testing.T) {
+	t.Parallel()
+	c, err := parseConfig([]string{"-presence-window", "2s"}, env(nil), io.Discard)
+	if err != nil {
+		t.Fatalf("-presence-window 2s alone: %v", err)
+	}
+	if g := c.Gateway; g.PresenceLeaveGrace != 2*time.Second {
+		t.Errorf("PresenceLeaveGrace %v, want 2s (the window, above the 1s default)", g.PresenceLeaveGrace)
+	}
+	gw, err := gateway.New(c.Gateway)
+	if err != nil {
+		t.Fatalf("gateway.New refuses what parseConfig accepted: %v", err)
+	}
+	if err := gw.Shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+	}{
+		{[]string{"-presence-window", "2s", "-presence-leave-grace", "1s"}, nil},
+		{nil, map[string]string{"SYNCGATE_PRESENCE_WINDOW": "3s", "SYNCGATE_PRESENCE_LEAVE_GRACE": "2s"}},
+	} {
+		_, err := parseConfig(tc.args, env(tc.env), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "presence-leave-grace") || !strings.Contains(err.Error(), "presence-window") {
+			t.Errorf("%v %v: err = %v, want one naming presence-leave-grace and presence-window", tc.args, tc.env, err)
+		}
 	}
 }
