@@ -62,7 +62,7 @@ func benchAppend(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.IntVar(&f.httpProducers, "http-producers", 64, "concurrent producers in http")
 	fs.IntVar(&f.size, "size", 200, "record size in bytes")
 	fs.IntVar(&f.readRecords, "read-records", 1000000, "records the read phase catches up on")
-	fs.StringVar(&f.dir, "dir", "", "data directory (default: a new temporary directory, removed afterwards)")
+	fs.StringVar(&f.dir, "dir", "", "data directory, without an earlier run's logs (default: a new temporary directory, removed afterwards)")
 	fs.DurationVar(&f.timeout, "timeout", 5*time.Minute, "hard bound on the whole run")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -83,23 +83,35 @@ func benchAppend(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	var results []appendPhase
 	for _, phase := range strings.Split(f.phases, ",") {
+		phase = strings.TrimSpace(phase)
+		switch phase {
+		case "seq", "tx1", "group", "http", "read":
+		default:
+			return fmt.Errorf("bench append: unknown phase %q", phase)
+		}
+		// Each phase needs a new log: in an earlier run's, the producer
+		// table holds the seqs the producers start from again, so every
+		// append would be a duplicate, answered without a write and
+		// counted all the same.
+		file := filepath.Join(dir, phase+".db")
+		if _, err := os.Stat(file); !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("bench append: -dir %s already holds %s (an earlier run's log?): use a new or empty -dir", dir, filepath.Base(file))
+		}
 		var r appendPhase
 		var err error
-		switch phase = strings.TrimSpace(phase); phase {
+		switch phase {
 		case "seq":
-			r, err = appendStorage(ctx, filepath.Join(dir, "seq.db"), nil, phase, 1, f)
+			r, err = appendStorage(ctx, file, nil, phase, 1, f)
 		case "tx1":
 			// A batch bound of one byte makes every append its own
 			// transaction and fsync: the design group commit replaces.
-			r, err = appendStorage(ctx, filepath.Join(dir, "tx1.db"), &storage.Options{MaxBatchBytes: 1}, phase, f.producers, f)
+			r, err = appendStorage(ctx, file, &storage.Options{MaxBatchBytes: 1}, phase, f.producers, f)
 		case "group":
-			r, err = appendStorage(ctx, filepath.Join(dir, "group.db"), nil, phase, f.producers, f)
+			r, err = appendStorage(ctx, file, nil, phase, f.producers, f)
 		case "http":
-			r, err = appendHTTP(ctx, filepath.Join(dir, "http.db"), f)
+			r, err = appendHTTP(ctx, file, f)
 		case "read":
-			r, err = readHTTP(ctx, filepath.Join(dir, "read.db"), f)
-		default:
-			return fmt.Errorf("bench append: unknown phase %q", phase)
+			r, err = readHTTP(ctx, file, f)
 		}
 		if err != nil {
 			return fmt.Errorf("bench append: %s: %w", phase, err)

@@ -670,3 +670,21 @@ func TestBench_Presence(t *testing.T) {
 			r.ObserverDisconnects, r.MemberDisconnects, r.FirstDisconnect)
 	}
 }
+
+// TestBench_AppendRefusesUsedDir: bench append on a -dir an earlier run
+// used would reopen its logs, whose producer table already holds the
+// seqs the producers start from again: every append would be a duplicate,
+// answered without a write or an fsync, and counted as an append. It is
+// refused, naming -dir.
+func TestBench_AppendRefusesUsedDir(t *testing.T) {
+	dir := t.TempDir()
+	var res struct {
+		Phases []appendPhase `json:"phases"`
+	}
+	runBench(t, &res, "append", "-phases", "seq", "-dur", "100ms", "-dir", dir)
+	var out, errOut bytes.Buffer
+	err := bench(t.Context(), []string{"append", "-phases", "seq", "-dur", "100ms", "-dir", dir}, &out, &errOut)
+	if err == nil || !strings.Contains(err.Error(), "-dir") {
+		t.Fatalf("second run on the same -dir: err = %v, want a refusal naming -dir; stdout:\n%s", err, out.String())
+	}
+}
