@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -84,7 +85,7 @@ func (f *floorFlags) validate() error {
 	switch {
 	case f.subs < 1:
 		return errors.New("bench floor: -subs must be at least 1")
-	case f.rate <= 0:
+	case !(f.rate > 0) || math.IsInf(f.rate, 0):
 		return errors.New("bench floor: -rate must be positive")
 	case f.dur <= 0:
 		return errors.New("bench floor: -dur must be positive")

@@ -135,8 +135,9 @@ func benchStorm(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return errors.New("bench: -spread must be at least 100ms")
 	case *grace <= 0:
 		return errors.New("bench: -grace must be positive")
-	case *rate <= 0:
-		return errors.New("bench: -rate must be positive")
+	case !(*rate > 0) || *rate > 1e9:
+		// The publisher ticks every second/rate: at least 1ns.
+		return errors.New("bench: -rate must be positive and at most 1e9")
 	case *dur <= 0:
 		return errors.New("bench: -dur must be positive")
 	}

@@ -688,3 +688,26 @@ func TestBench_AppendRefusesUsedDir(t *testing.T) {
 		t.Fatalf("second run on the same -dir: err = %v, want a refusal naming -dir; stdout:\n%s", err, out.String())
 	}
 }
+
+// TestBench_RefusesBadRate: storm and floor refuse a -rate that is NaN,
+// infinite or (storm) above 1e9 a second, naming -rate. Accepted, storm's
+// publisher ticker got a non-positive interval and panicked after the
+// nodes had started (leaving them running), and floor sent nothing. Each
+// case also carries a later bad flag, so that a -rate accepted shows as
+// the other flag's error, before any node or sender starts.
+func TestBench_RefusesBadRate(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"storm", "-rate", "NaN", "-accept-rate", "bogus"},
+		{"storm", "-rate", "+Inf", "-accept-rate", "bogus"},
+		{"storm", "-rate", "2e9", "-accept-rate", "bogus"},
+		{"floor", "-rate", "NaN", "-size", "1"},
+		{"floor", "-rate", "+Inf", "-size", "1"},
+	} {
+		var out, errOut bytes.Buffer
+		err := bench(t.Context(), args, &out, &errOut)
+		if err == nil || !strings.Contains(err.Error(), ": -rate") {
+			t.Errorf("bench %v: err = %v, want one naming -rate", args, err)
+		}
+	}
+}
