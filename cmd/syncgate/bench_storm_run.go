@@ -177,12 +177,14 @@ func runStorm(ctx context.Context, cfg stormConfig) (*stormResult, error) {
 		return nil, err
 	}
 	for _, s := range ss {
-		if s != nil && s.c != nil {
+		// A session whose subscribe failed would receive nothing: it is
+		// not one the wave can measure.
+		if s != nil && s.sub != nil {
 			r.Connected++
 		}
 	}
 	if r.Connected < cfg.n {
-		return nil, fmt.Errorf("storm: %d of %d sessions connected to A; first error: %s", r.Connected, cfg.n, fails.first())
+		return nil, fmt.Errorf("storm: %d of %d sessions connected to A and subscribed; first error: %s", r.Connected, cfg.n, fails.first())
 	}
 
 	// The publisher: a reconnecting client of its own, moved like the rest.

@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -102,5 +104,40 @@ func TestStorm_Drain(t *testing.T) {
 	}
 	if r.Expired != 0 {
 		t.Errorf("%d cursors expired on a persisted topic", r.Expired)
+	}
+}
+
+// Test_runStorm_SubscribeFailureIsAnError: a session that connected to A
+// but whose subscribe was refused would measure nothing (it receives no
+// message, so every acked one counts as missing), yet it was counted as
+// connected and the wave went on. The run fails before A is stopped,
+// with the subscribe's error.
+func Test_runStorm_SubscribeFailureIsAnError(t *testing.T) {
+	t.Parallel()
+	gw, err := gateway.New(gateway.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(gw.Handler())
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_ = gw.Shutdown(ctx)
+		ts.Close()
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	_, err = runStorm(ctx, stormConfig{
+		n: 2, mode: stormPlan, spread: time.Second, rate: 10, topic: "bad topic", lead: 50 * time.Millisecond,
+		urlA: gwtest.WSURL(ts.URL), urlB: gwtest.WSURL(ts.URL), dialConc: 2,
+		scrape: &http.Client{Timeout: 5 * time.Second},
+		stopA: func(context.Context) error {
+			t.Error("A stopped: the run went on with sessions whose subscribe failed")
+			return errors.New("not reached")
+		},
+		settle: time.Second,
+	})
+	if err == nil || !strings.Contains(err.Error(), "X_BAD_TOPIC") {
+		t.Fatalf("err = %v, want the subscribe's refusal (X_BAD_TOPIC)", err)
 	}
 }
