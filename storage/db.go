@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -77,10 +79,11 @@ type Options struct {
 	OnFatal func(error)
 
 	// Test seams, set through export_test.go.
-	commitHook      func() error // called inside each write tx before commit; an error fails the commit
-	publishHook     func()       // called after each commit, before the read cache learns of it
-	compactMinBytes int64        // file size from which Open compacts; default 64 MiB
-	metaCacheSize   int          // streams in the read cache; default maxCachedMetas
+	commitHook      func() error           // called inside each write tx before commit; an error fails the commit
+	publishHook     func()                 // called after each commit, before the read cache learns of it
+	compactMinBytes int64                  // file size from which Open compacts; default 64 MiB
+	metaCacheSize   int                    // streams in the read cache; default maxCachedMetas
+	syncDir         func(dir string) error // fsyncs a directory; default syncDir
 }
 
 // MaxAppendLimit is the largest [Options].MaxAppendBytes Open takes. Each
@@ -185,12 +188,25 @@ func Open(path string, opts *Options) (*DB, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.syncDir == nil {
+		o.syncDir = syncDir
+	}
 	if err := compactIfSparse(path, &o); err != nil {
 		o.Logger.Warn("storage: compaction at open failed; continuing uncompacted", "path", path, "err", err)
 	}
 	bdb, err := bolt.Open(path, 0o600, boltOptions(&o))
 	if err != nil {
 		return nil, fmt.Errorf("storage: open %s: %w", path, err)
+	}
+	// The file's own fsyncs do not make its name durable: the entry bbolt
+	// just created, or the rename of a compaction (this Open's, or one
+	// whose directory sync failed before), is only on disk once the
+	// directory is synced. Before anything is acknowledged, then, or a
+	// power loss could take the file, or the compacted file, and every
+	// append acknowledged in it.
+	if err := o.syncDir(dirOf(path)); err != nil {
+		bdb.Close()
+		return nil, fmt.Errorf("storage: open %s: sync directory: %w", path, err)
 	}
 	bdb.AllocSize = 64 << 20 // grow the file (and fsync its size) rarely
 	var gen uint64
@@ -239,6 +255,24 @@ func boltOptions(o *Options) *bolt.Options {
 		// read transaction) as the file grows.
 		InitialMmapSize: 1 << 30,
 	}
+}
+
+// syncDir fsyncs directory dir, so that the names in it are durable. On
+// Windows, where a directory cannot be synced (and a rename is durable
+// with the file), it does nothing.
+func syncDir(dir string) error {
+	if runtime.GOOS == "windows" {
+		return nil
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // Close stops the writer and the maintenance loop, after committing the

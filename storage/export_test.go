@@ -91,3 +91,6 @@ func (db *DB) ProducerStatesForTest(name string) (states int, count uint64, err 
 	})
 	return states, count, err
 }
+
+// SetSyncDirForTest replaces the fsync of the DB file's directory.
+func SetSyncDirForTest(o *Options, f func(dir string) error) { o.syncDir = f }

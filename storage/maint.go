@@ -303,11 +303,13 @@ func compactIfSparse(path string, o *Options) error {
 		os.Remove(tmp)
 		return err
 	}
-	if d, err := os.Open(dirOf(path)); err == nil {
-		d.Sync()
-		d.Close()
-	}
 	o.Logger.Info("storage: compacted", "path", path, "before", fi.Size(), "free", free)
+	// Until the directory is synced the rename may not survive a power
+	// loss; Open syncs it again, and fails, before it acknowledges
+	// anything in the compacted file.
+	if err := o.syncDir(dirOf(path)); err != nil {
+		return fmt.Errorf("compacted, but sync directory: %w", err)
+	}
 	return nil
 }
 
