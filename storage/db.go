@@ -79,11 +79,12 @@ type Options struct {
 	OnFatal func(error)
 
 	// Test seams, set through export_test.go.
-	commitHook      func() error           // called inside each write tx before commit; an error fails the commit
-	publishHook     func()                 // called after each commit, before the read cache learns of it
-	compactMinBytes int64                  // file size from which Open compacts; default 64 MiB
-	metaCacheSize   int                    // streams in the read cache; default maxCachedMetas
-	syncDir         func(dir string) error // fsyncs a directory; default syncDir
+	commitHook      func() error                                                    // called inside each write tx before commit; an error fails the commit
+	publishHook     func()                                                          // called after each commit, before the read cache learns of it
+	compactMinBytes int64                                                           // file size from which Open compacts; default 64 MiB
+	metaCacheSize   int                                                             // streams in the read cache; default maxCachedMetas
+	syncDir         func(dir string) error                                          // fsyncs a directory; default syncDir
+	openFile        func(name string, flag int, perm os.FileMode) (*os.File, error) // bbolt's; default os.OpenFile
 }
 
 // MaxAppendLimit is the largest [Options].MaxAppendBytes Open takes. Each
@@ -194,7 +195,7 @@ func Open(path string, opts *Options) (*DB, error) {
 	if err := compactIfSparse(path, &o); err != nil {
 		o.Logger.Warn("storage: compaction at open failed; continuing uncompacted", "path", path, "err", err)
 	}
-	bdb, err := bolt.Open(path, 0o600, boltOptions(&o))
+	bdb, err := openBolt(path, boltOptions(&o), &o)
 	if err != nil {
 		return nil, fmt.Errorf("storage: open %s: %w", path, err)
 	}
@@ -256,6 +257,49 @@ func boltOptions(o *Options) *bolt.Options {
 		InitialMmapSize: 1 << 30,
 	}
 }
+
+// openBolt opens the bbolt file at path with bo, and checks that the
+// file it locked is still the one path names. bbolt opens the file, then
+// waits for its lock; a compaction in another process (compactIfSparse)
+// may meanwhile rename its compacted file over path and release the lock
+// of the old one, which this process would then hold and use: unlinked,
+// never read again, with every append acknowledged in it, while the
+// other process uses the file at path. On a mismatch it opens path again.
+func openBolt(path string, bo *bolt.Options, o *Options) (*bolt.DB, error) {
+	open := o.openFile
+	if open == nil {
+		open = os.OpenFile
+	}
+	for range maxOpenAttempts {
+		var f *os.File
+		bo.OpenFile = func(name string, flag int, perm os.FileMode) (*os.File, error) {
+			var err error
+			f, err = open(name, flag, perm)
+			return f, err
+		}
+		bdb, err := bolt.Open(path, 0o600, bo)
+		if err != nil {
+			return nil, err
+		}
+		locked, err := f.Stat()
+		if err != nil {
+			bdb.Close()
+			return nil, err
+		}
+		named, err := os.Stat(path)
+		if err == nil && os.SameFile(locked, named) {
+			return bdb, nil
+		}
+		bdb.Close()
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+	}
+	return nil, fmt.Errorf("storage: %s was replaced by another file while it was being opened, %d times", path, maxOpenAttempts)
+}
+
+// maxOpenAttempts bounds openBolt's attempts.
+const maxOpenAttempts = 5
 
 // syncDir fsyncs directory dir, so that the names in it are durable. On
 // Windows, where a directory cannot be synced (and a rename is durable

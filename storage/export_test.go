@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"os"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -94,3 +95,9 @@ func (db *DB) ProducerStatesForTest(name string) (states int, count uint64, err 
 
 // SetSyncDirForTest replaces the fsync of the DB file's directory.
 func SetSyncDirForTest(o *Options, f func(dir string) error) { o.syncDir = f }
+
+// SetOpenFileForTest replaces the os.OpenFile with which bbolt opens the
+// DB file (and Open's compaction its files).
+func SetOpenFileForTest(o *Options, f func(name string, flag int, perm os.FileMode) (*os.File, error)) {
+	o.openFile = f
+}

@@ -264,14 +264,20 @@ func (b *batch1) clear(id uint64, budget int) (n int, done bool, err error) {
 // compactIfSparse compacts the file at path by copying it forward into a
 // new file, when it is at least compactMinBytes and its free pages are
 // more than half of it. It runs only in Open, before the DB is in use, so
-// it needs no coordination with readers or the writer.
+// it needs no coordination with readers or the writer; it holds the
+// file's lock from before it reads it until after the rename, so another
+// process cannot use the file it replaces (see openBolt).
 func compactIfSparse(path string, o *Options) error {
 	fi, err := os.Stat(path)
 	if err != nil || fi.Size() < o.compactMinBytes {
 		return nil
 	}
-	src, err := bolt.Open(path, 0o600, boltOptions(o))
+	src, err := openBolt(path, boltOptions(o), o)
 	if err != nil {
+		return err
+	}
+	if fi, err = os.Stat(path); err != nil {
+		src.Close()
 		return err
 	}
 	free := int64(src.Stats().FreePageN) * int64(src.Info().PageSize)
@@ -294,14 +300,16 @@ func compactIfSparse(path string, o *Options) error {
 	if cerr := dst.Close(); err == nil {
 		err = cerr
 	}
+	if err == nil {
+		// Renamed while src's lock is held: a process that opened path
+		// before, and waits for that lock, finds path renamed once it has
+		// it, and opens the compacted file instead (openBolt).
+		err = os.Rename(tmp, path)
+	}
 	src.Close()
 	if err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("compact: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
 	}
 	o.Logger.Info("storage: compacted", "path", path, "before", fi.Size(), "free", free)
 	// Until the directory is synced the rename may not survive a power
