@@ -126,6 +126,7 @@ type DB struct {
 	path   string
 	reqs   chan *request
 	quit   chan struct{} // closed by Close
+	failCh chan struct{} // closed when the DB fails (fail)
 	wdone  chan struct{} // closed when the writer exits
 	mdone  chan struct{} // closed when the maintenance loop exits
 	kick   chan struct{} // asks for an early maintenance pass
@@ -232,6 +233,7 @@ func Open(path string, opts *Options) (*DB, error) {
 		path:    path,
 		reqs:    make(chan *request, 4096),
 		quit:    make(chan struct{}),
+		failCh:  make(chan struct{}),
 		wdone:   make(chan struct{}),
 		mdone:   make(chan struct{}),
 		kick:    make(chan struct{}, 1),
@@ -352,6 +354,7 @@ func (db *DB) fail(err error) {
 	if db.failed.Swap(true) {
 		return
 	}
+	close(db.failCh) // blocked Waits return ErrFailed: no commit will wake them
 	db.log.Error("storage: commit failed; refusing all further calls", "path", db.path, "err", err)
 	if db.opts.OnFatal != nil {
 		db.opts.OnFatal(err)

@@ -288,7 +288,8 @@ func copyRecords(out, recs []Record, poss []uint64, total int) {
 // the stream is (or becomes) missing, expired or deleted (also when a
 // stream of the same name was made meanwhile), an error
 // wrapping [ErrBadRequest] for an offset beyond the tail, ctx.Err() when
-// ctx ends, and [ErrClosedDB] when the DB closes. A fork wakes only for
+// ctx ends, [ErrClosedDB] when the DB closes and [ErrFailed] when it
+// fails (a commit or fsync failed). A fork wakes only for
 // its own appends. Wait does not renew a TTL.
 func (db *DB) Wait(ctx context.Context, name, after string) error {
 	return db.WaitID(ctx, name, after, 0)
@@ -374,6 +375,8 @@ func (db *DB) WaitID(ctx context.Context, name, after string, id uint64) error {
 			return ctx.Err()
 		case <-db.quit:
 			return ErrClosedDB
+		case <-db.failCh:
+			return ErrFailed
 		}
 		if err := db.check(); err != nil {
 			return err
