@@ -52,3 +52,44 @@ func TestSubscription_ResumeInternalErrorResumesAgain(t *testing.T) {
 		t.Fatalf("%d EventSubscriptionFailed, want none", n)
 	}
 }
+
+// A first subscribe answered X_CURSOR_EXPIRED whose connection ends
+// before the snapshot is sent again from the caller's cursor on the next
+// connection. If that one resumes it cleanly, nothing was lost:
+// CursorExpired reports the answer the subscription went live with, not
+// the first connection's.
+func TestSubscription_CursorExpiredThenCleanResume(t *testing.T) {
+	s := newScripted(t)
+	ctx := testCtx(t)
+	o := newRecorder().options()
+	o.Rand = func(int64) int64 { return 0 } // no backoff wait
+	c, err := client.Dial(ctx, s.url(), o)
+	noErr(t, err)
+	t.Cleanup(func() { c.Close() })
+	sc1 := s.next(t)
+
+	cur := &frames.Cursor{QID: "topic:p:t", LSN: lsnOf(5), Digest: "log:a", IDs: []string{}}
+	type result struct {
+		sub *client.Subscription
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		sub, err := c.Subscribe(ctx, "p:t", cur, nil)
+		done <- result{sub, err}
+	}()
+	add := expect[*frames.Subscribe](t, sc1)
+	// The ack, then the connection ends before the snapshot.
+	sc1.send(t, cursorExpired(add.SID))
+	sc1.ws.CloseNow()
+
+	sc2 := s.next(t)
+	again := expect[*frames.Subscribe](t, sc2)
+	if again.Target.Cursor == nil || again.Target.Cursor.LSN != lsnOf(5) {
+		t.Fatalf("resubscribe %+v, want from %s", again.Target.Cursor, lsnOf(5))
+	}
+	sc2.send(t, &frames.Ack{Ref: again.SID}, topicSnapshot(again.SID, 5, "log:a"))
+	r := <-done
+	noErr(t, r.err)
+	equal(t, "CursorExpired", r.sub.CursorExpired(), false)
+}

@@ -209,10 +209,10 @@ func (s *Subscription) handleAddAck(cn *conn, a *frames.Ack, err error) {
 	}
 	var fe *frames.Error
 	if errors.As(err, &fe) && fe.Code == frames.CodeCursorExpired {
+		// Taken for the subscription when its snapshot follows on cn
+		// (handleFrameSnapshot): if cn ends first, the next
+		// connection's answer decides.
 		s.expiredOn = cn
-		if !s.settled {
-			s.expired = true // read after ready is closed
-		}
 		c.mu.Unlock()
 		return
 	}
@@ -288,7 +288,10 @@ func (cn *conn) handleFrameSnapshot(f *frames.Snapshot) {
 	s.resetLate = false
 	first := !s.settled
 	if first {
-		s.snapshot = f // read after ready is closed
+		// Read after ready is closed. expired is this connection's
+		// answer: an X_CURSOR_EXPIRED on a connection that ended before
+		// the snapshot does not count.
+		s.snapshot, s.expired = f, expired
 	}
 	// The take-over waiting for this snapshot is told once the position
 	// is moved and reported, so EventResumed follows EventCursorExpired.
@@ -512,8 +515,11 @@ func (s *Subscription) Topic() string { return s.target.Topic }
 func (s *Subscription) Snapshot() *frames.Snapshot { return s.snapshot }
 
 // CursorExpired reports whether the cursor passed to Subscribe could not be
-// resumed, so the snapshot is a fresh one rather than a continuation. For
-// expirations on later resumes see [EventCursorExpired].
+// resumed, so the snapshot is a fresh one rather than a continuation. It is
+// the answer of the connection the snapshot came on: with Reconnect, an
+// X_CURSOR_EXPIRED on a connection that ended before its snapshot does not
+// count if the next connection resumes the cursor. For expirations on
+// later resumes see [EventCursorExpired].
 func (s *Subscription) CursorExpired() bool { return s.expired }
 
 // Patches returns the channel patches arrive on when Subscribe was given no
