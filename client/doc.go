@@ -73,8 +73,12 @@
 //     already spread its clients. The take-over is make-before-break: the
 //     old connection keeps delivering until the new one has completed its
 //     hello and every subscription is live on it, then the Client closes
-//     the old one (1000). A close 1012 or 1013 after a reconnect frame is
-//     part of the plan, not a failure.
+//     the old one (1000). If the new one ends before that, the old one is
+//     not closed: it keeps delivering the subscriptions it carries (it
+//     sends nothing more; calls wait for the next connection) until a
+//     later connection has taken over, and the Client retries with
+//     backoff as after any other end. A close 1012 or 1013 after a
+//     reconnect frame is part of the plan, not a failure.
 //   - Any other end (read error, unexpected close, failed dial) is retried
 //     with full-jitter exponential backoff: attempt k waits a uniformly
 //     random time in [0, min(BackoffCap, BackoffBase·2^k)) (500 ms and

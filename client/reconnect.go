@@ -230,9 +230,10 @@ func (c *Client) supervise(ctx context.Context, cur *conn) {
 // previous current connection, possibly ended) keeps delivering while next
 // resubscribes every subscription from its cursor; in-flight mutates get
 // their acks on old, or are re-sent on next in seq order if old ends
-// first. old is closed once every subscription is live on next. It reports
-// whether next took over; if not, next has ended (or the Client is
-// closing).
+// first. old is closed once every subscription is live on next; if next
+// ends first, old is left delivering (its writes stopped) and closed by
+// the next take-over that succeeds. It reports whether next became
+// current; if not, next has ended (or the Client is closing).
 // resumed is emitted once the subscriptions are live on next, before old
 // is closed.
 func (c *Client) takeOver(ctx context.Context, old, next *conn, resumed Event) bool {
@@ -320,13 +321,35 @@ func (c *Client) takeOver(ctx context.Context, old, next *conn, resumed Event) b
 	select {
 	case <-rg.done:
 	case <-next.done:
+		select {
+		case <-rg.done:
+		default:
+			// next ended before it carried every subscription: old,
+			// which still does, keeps delivering (it sends nothing more:
+			// what it had was re-sent on next, and goes again on the
+			// connection after it) until a later take-over closes it.
+			// The supervisor reconnects as after any other end.
+			return true
+		}
 	case <-t.C:
 	case <-ctx.Done():
 	}
 	c.emit(resumed)
-	if old != nil && old != next {
-		_ = old.close()
+	// old, and any connection an earlier failed take-over left
+	// delivering.
+	c.mu.Lock()
+	var olds []*conn
+	for cn := range c.live {
+		if cn != next {
+			olds = append(olds, cn)
+		}
 	}
+	c.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, cn := range olds {
+		wg.Go(func() { _ = cn.close() }) // at once: each may wait out a handshake
+	}
+	wg.Wait()
 	return true
 }
 

@@ -1,8 +1,11 @@
 package client_test
 
 import (
+	"context"
+	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/coder/websocket"
 
@@ -92,4 +95,97 @@ func TestSubscription_CursorExpiredThenCleanResume(t *testing.T) {
 	r := <-done
 	noErr(t, r.err)
 	equal(t, "CursorExpired", r.sub.CursorExpired(), false)
+}
+
+// waitEvents waits until rec has seen n events of kind k.
+func waitEvents(t *testing.T, rec *recorder, k client.EventKind, n int) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for rec.count(k) < n {
+		select {
+		case <-deadline:
+			t.Fatalf("%d %s events, want %d", rec.count(k), k, n)
+		case <-tick.C:
+		}
+	}
+}
+
+// A take-over whose new connection ends after it became current but before
+// the subscriptions are live on it leaves the old connection, which still
+// carries them, delivering until a later connection takes over: it is not
+// closed, as if the take-over had succeeded.
+func TestSubscription_FailedTakeOverKeepsOld(t *testing.T) {
+	s := newScripted(t)
+	ctx := testCtx(t)
+	rec := newRecorder()
+	o := rec.options()
+	// The scheduled reconnect goes at once; the backoff after the failed
+	// take-over waits for gate.
+	gate := make(chan struct{})
+	o.Rand = func(n int64) int64 { return n - 1 }
+	o.Sleep = func(ctx context.Context, d time.Duration) error {
+		if d > 0 {
+			select {
+			case <-gate:
+			case <-ctx.Done():
+			}
+		}
+		return ctx.Err()
+	}
+	c, err := client.Dial(ctx, s.url(), o)
+	noErr(t, err)
+	t.Cleanup(func() { c.Close() })
+	sc1 := s.next(t)
+	sub := subscribeScripted(t, ctx, c, sc1, rec.handler(t))
+	sid := sub.SID()
+	sc1.send(t, insert(sid, 1, "one"))
+	rec.waitData(t, 1)
+
+	sc1.send(t, &frames.Reconnect{AfterMs: 0, Reason: frames.ReasonDrain})
+	sc2 := s.next(t)
+	expect[*frames.Subscribe](t, sc2)
+	// A publish waits for the send lock the take-over holds, then goes
+	// to the current connection: its arrival on sc2 shows sc2 is current.
+	acked := make(chan error, 1)
+	noErr(t, c.PublishAsync(ctx, "p:t", json.RawMessage(`1`), func(_ string, err error) { acked <- err }))
+	m := expect[*frames.Mutate](t, sc2)
+	sc2.ws.CloseNow() // before answering the resubscribe
+	waitEvents(t, rec, client.EventDisconnected, 1)
+	if n := rec.count(client.EventResumed); n != 0 {
+		t.Fatalf("%d EventResumed for a take-over whose connection ended first", n)
+	}
+
+	// The old connection still delivers.
+	sc1.send(t, insert(sid, 2, "two"))
+	if got := rec.waitData(t, 2); strings.Join(got, ",") != "one,two" {
+		t.Fatalf("handler saw %v", got)
+	}
+
+	// The next connection takes over; the old one is closed then.
+	close(gate)
+	sc3 := s.next(t)
+	resume := expect[*frames.Subscribe](t, sc3)
+	if cur := resume.Target.Cursor; cur == nil || cur.LSN != lsnOf(2) {
+		t.Fatalf("resume cursor %+v, want %s", resume.Target.Cursor, lsnOf(2))
+	}
+	again := expect[*frames.Mutate](t, sc3)
+	equal(t, "re-sent seq", again.Seq, m.Seq)
+	sc3.send(t, &frames.Ack{Ref: again.Key}, &frames.Ack{Ref: sid}, topicSnapshot(sid, 2, "log:a"), insert(sid, 3, "three"))
+	noErr(t, recv(t, ctx, acked))
+	if got := rec.waitData(t, 3); strings.Join(got, ",") != "one,two,three" {
+		t.Fatalf("handler saw %v", got)
+	}
+	waitEvents(t, rec, client.EventResumed, 1)
+	// sc1 was closed by the client: the scripted server's read ends.
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for sc1.ws.Write(ctx, websocket.MessageText, []byte(`{"type":"ack","ref":"x"}`)) == nil {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the old connection was not closed after a later take-over")
+		case <-tick.C: // poll with a deadline
+		}
+	}
 }
