@@ -237,7 +237,7 @@ type Client struct {
 	// Static after Dial returns.
 	opts      Options
 	url       string // given to Dial
-	keyPrefix string // mutate keys are keyPrefix + seq
+	keyPrefix string // mutate keys are keyPrefix + seq; without Reconnect set by the read loop before the hello is taken
 
 	// Signals.
 	closing   chan struct{} // closed when Close starts
@@ -320,9 +320,6 @@ func Dial(ctx context.Context, url string, opts *Options) (*Client, error) {
 	if err != nil {
 		c.conns.Wait()
 		return nil, err
-	}
-	if !o.Reconnect {
-		c.keyPrefix = first.sessionID() + ":"
 	}
 	c.mu.Lock()
 	c.cur, c.last = first, first

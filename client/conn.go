@@ -273,6 +273,15 @@ func (cn *conn) handleFrameHello(f *frames.Hello) {
 	}
 	cn.gotHello = true
 	cn.hello = f
+	if !cn.c.opts.Reconnect {
+		// The one connection's mutate keys are prefixed by its session
+		// id. Set here, before helloc is closed, since this loop reads it
+		// for every unclaimed ack, and one may follow the hello at once
+		// (a token already past its exp): set later, it raced with that
+		// read, and the empty prefix took any ack for a repeated
+		// mutate's and dropped it.
+		cn.c.keyPrefix = cn.sessionID() + ":"
+	}
 	if lim := cn.batchLimit.Load(); f.MaxMessage > 0 && f.MaxMessage < lim {
 		cn.batchLimit.Store(f.MaxMessage) // batches must fit the server's limit
 	}

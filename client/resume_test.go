@@ -3,7 +3,10 @@ package client_test
 import (
 	"context"
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -187,5 +190,49 @@ func TestSubscription_FailedTakeOverKeepsOld(t *testing.T) {
 			t.Fatal("the old connection was not closed after a later take-over")
 		case <-tick.C: // poll with a deadline
 		}
+	}
+}
+
+// Without Reconnect the mutate keys are prefixed by the session id, which
+// the read loop reads for every unclaimed ack: taking it from the hello
+// must not race with an ack that follows the hello at once (a token
+// already past its exp is told so right after the hello).
+func TestClient_AckRightAfterHello(t *testing.T) {
+	ctx := testCtx(t)
+	var wg sync.WaitGroup
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		wg.Add(1)
+		defer wg.Done()
+		defer ws.CloseNow()
+		if _, _, err := ws.Read(ctx); err != nil {
+			return
+		}
+		id := "sess"
+		var msg []byte
+		for _, f := range []frames.Frame{
+			&frames.Hello{BuildID: "srv", SessionID: &id, Resume: []frames.Cursor{}},
+			&frames.Ack{Ref: "x", Error: &frames.ErrorBody{Code: frames.CodeTokenExpired, Cause: "token: expired", Fix: "refresh"}},
+		} {
+			b, _ := frames.Encode(f)
+			msg = append(append(msg, b...), '\n')
+		}
+		_ = ws.Write(ctx, websocket.MessageText, msg[:len(msg)-1])
+		_, _, _ = ws.Read(ctx) // until the client closes
+	}))
+	t.Cleanup(func() {
+		srv.CloseClientConnections()
+		srv.Close()
+		wg.Wait()
+	})
+	got := make(chan frames.Frame, 1)
+	c, err := client.Dial(ctx, "ws"+strings.TrimPrefix(srv.URL, "http"), &client.Options{OnFrame: func(f frames.Frame) { got <- f }})
+	noErr(t, err)
+	t.Cleanup(func() { c.Close() })
+	if a, ok := recv(t, ctx, got).(*frames.Ack); !ok || a.Ref != "x" {
+		t.Fatalf("OnFrame got %+v", a)
 	}
 }
