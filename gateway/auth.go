@@ -201,8 +201,12 @@ func (s *session) forbidden(action auth.Action, ref, topic string) *frames.Error
 	case st == nil:
 		return frames.NewError(frames.CodeHelloRequired, ref, "no hello on this connection yet", "")
 	case st.expired:
-		return frames.NewError(frames.CodeTokenExpired, ref, "the session's token expired: its grants no longer apply",
-			"send a new hello with a fresh token (same sub), then resend this frame")
+		fix := "send a new hello with a fresh token (same sub), then resend this frame"
+		if action == auth.Publish {
+			// A mutate's outcome is recorded under its seq, this one too.
+			fix = "send a new hello with a fresh token (same sub), then send the mutation again as a new mutate (the next seq and a new key): this outcome is recorded, so the same seq or key gets it again"
+		}
+		return frames.NewError(frames.CodeTokenExpired, ref, "the session's token expired: its grants no longer apply", fix)
 	case !st.grants.Allow(action, topic):
 		return frames.NewError(frames.CodeForbidden, ref, "the token does not grant "+action.String()+" on topic "+quote(topic), "")
 	}

@@ -292,9 +292,18 @@ func TestAuth_ExpiryRefreshAndGrace(t *testing.T) {
 	if ack := gwtest.Expect[*frames.Ack](stale); ack.Error == nil || ack.Error.Code != frames.CodeTokenExpired || ack.Ref != "s2" {
 		t.Fatalf("subscribe in grace: %+v", ack)
 	}
+	// A mutate's refusal is recorded under its seq, like any outcome: the
+	// fix says to send it again as a new mutate, not to resend it.
+	if ack := refreshed.Publish("k0", 0, "room:1", `"grace"`); ack.Error == nil || ack.Error.Code != frames.CodeTokenExpired ||
+		!strings.Contains(ack.Error.Fix, "new mutate") {
+		t.Fatalf("publish in grace: %+v", ack)
+	}
 	// ...a refresh restores them; another sub is refused.
 	if h, ack := helloWith(refreshed, token("u1", exp.Add(time.Hour))); h == nil || *h.ActorID != "u1" {
 		t.Fatalf("refresh refused: %+v", ack)
+	}
+	if ack := refreshed.Publish("k0", 0, "room:1", `"grace"`); ack.Error == nil || ack.Error.Code != frames.CodeTokenExpired {
+		t.Fatalf("seq 0 again after the refresh: %+v, want its recorded X_TOKEN_EXPIRED", ack)
 	}
 	if _, ack := helloWith(other, token("someone-else", exp.Add(time.Hour))); ack == nil || ack.Error.Code != frames.CodeTokenRejected {
 		t.Fatalf("refresh with another sub: %+v", ack)
@@ -308,7 +317,7 @@ func TestAuth_ExpiryRefreshAndGrace(t *testing.T) {
 	if p := gwtest.Expect[*frames.Patch](refreshed); !strings.Contains(string(p.Patches[0].Row), `"after"`) {
 		t.Fatalf("refreshed got %s", p.Patches[0].Row)
 	}
-	if ack := refreshed.Publish("k2", 0, "room:1", `"mine"`); ack.Error != nil {
+	if ack := refreshed.Publish("k2", 1, "room:1", `"mine"`); ack.Error != nil {
 		t.Fatal(ack.Error)
 	}
 }
