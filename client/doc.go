@@ -49,7 +49,9 @@
 // subscription's handler is still called one patch at a time, in order). While one runs,
 // nothing else is read: that is backpressure by design, and a callback that
 // blocks for long stalls the whole connection (the server may then close it
-// as a slow consumer, 4001, or for a ping timeout, 4002). A callback must
+// as a slow consumer, 4001, or for a ping timeout, 4002; a connection that
+// reads nothing for long may see only the server dropping it, 1006, since
+// the close frame waits behind what it did not read). A callback must
 // return for Close to return, and must not call Close, Publish, Mutate,
 // Subscribe or Drop on its own Client: they wait for the read goroutine,
 // which is busy running the callback. PublishAsync and Send are safe.
@@ -61,6 +63,11 @@
 // waiting for an ack fails with the error [Client.Err] reports; after
 // [Client.Close] that error is net.ErrClosed. A server close is reported as
 // a websocket.CloseError: websocket.CloseStatus(c.Err()) gives its code.
+// A mutate the server would refuse before its producer sees it fails
+// before it uses a seq, so later mutates meet no gap: a name that is empty
+// or over 256 bytes, and a frame over the hello's maxMessage
+// ([ErrTooLarge]: sent, it would close the connection with 1009, and with
+// Reconnect be re-sent on every connection).
 //
 // # Reconnecting
 //
