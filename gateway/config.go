@@ -252,7 +252,8 @@ type Config struct {
 	StreamBodyTimeout time.Duration
 
 	// MaxAppendBytes bounds one Durable Streams append body (HTTP 413 above
-	// it). Zero means 8 MiB.
+	// it). Zero means 8 MiB; at most storage.MaxAppendLimit (1 GiB), else
+	// New fails.
 	MaxAppendBytes int64
 
 	// Stampede control (drain.go, budget.go, docs/architecture.md).
