@@ -41,10 +41,12 @@
 // opens a window of [Config.Window]; the Flush after it closes returns one
 // Diff for the topic with the net change: a member that joined and left
 // inside the window is not reported (but for its leave, if a joiner's Sync
-// listed it meanwhile), several updates report only the last state. A leave is reported only once the member has been absent for
+// listed it meanwhile), several updates report only the last state. A
+// leave is reported only once the member has been absent for
 // [Config.LeaveGrace], so a member that leaves and rejoins within the grace
-// (a page reload, a break-before-make reconnect) does not flap. A topic gets
-// at most one Diff per Window.
+// (a page reload, a break-before-make reconnect) does not flap; until its
+// leave is reported, a Sync still lists it, as observers still have it. A
+// topic gets at most one Diff per Window.
 //
 // # Limits
 //
