@@ -175,7 +175,7 @@ var settings = []setting{
 		}},
 	{"long-poll-timeout", "SYNCGATE_LONG_POLL_TIMEOUT", "30s", "how long a Durable Streams long-poll read waits for data before answering 204",
 		positiveDurationSetting(func(c *config) *time.Duration { return &c.Gateway.LongPollTimeout })},
-	{"max-append", "SYNCGATE_MAX_APPEND", "8388608", "largest Durable Streams append body in bytes (HTTP 413 above it)",
+	{"max-append", "SYNCGATE_MAX_APPEND", "8388608", "largest Durable Streams append body in bytes (HTTP 413 above it; 1024 to 1 GiB)",
 		func(c *config, v string) error {
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil || n < 1024 || n > storage.MaxAppendLimit {
