@@ -60,7 +60,7 @@ step "node and npm"
 . ./scripts/ensure-node.sh
 node --version && npm --version
 
-step "README browser snippet"
+step "README browser snippet (Node, then headless Chromium)"
 ./scripts/readme-snippet.sh
 
 step "Durable Streams conformance (@durable-streams/server-conformance-tests)"
