@@ -766,9 +766,13 @@ func TestStreamHTTP_PrunedReadSaysWhereToRead(t *testing.T) {
 		t.Fatalf("410 %q names no offset to read from", r.body)
 	}
 	from := m[1]
-	// Retention may have pruned more since (a pass at a time).
-	if r := s.do(t, "GET", p+"?offset="+from, nil, ""); r.status != 200 && !strings.Contains(r.body, "retains") {
-		t.Fatalf("read from %s: %d %q", from, r.status, r.body)
+	// A read from there is served up to the tail, or, if retention has
+	// pruned more since (a pass at a time), is another 410 naming it.
+	switch r := s.do(t, "GET", p+"?offset="+from, nil, ""); {
+	case r.status == 200 && strings.HasSuffix(r.body, "5]"):
+	case r.status == 410 && strings.Contains(r.body, "retains"):
+	default:
+		t.Fatalf("read from %s: %d %q; want 200 up to the tail, or 410 naming retention", from, r.status, r.body)
 	}
 	// From the start: whatever is kept (a pass at a time, until MaxRecords
 	// 2 keeps 4 and 5 for good), never a 410.
