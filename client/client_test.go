@@ -622,7 +622,9 @@ func TestClient_Close_FullPatches(t *testing.T) {
 	}
 	// Close must unblock the read loop and fail what is still pending.
 	noErr(t, c.Close())
-	if p := lastErr.Load(); p == nil || !errors.Is(*p, net.ErrClosed) {
+	if p := lastErr.Load(); p == nil {
+		t.Error("the last PublishAsync never completed, want net.ErrClosed")
+	} else if !errors.Is(*p, net.ErrClosed) {
 		t.Errorf("last PublishAsync completed with %v, want net.ErrClosed", *p)
 	}
 	var got int
