@@ -17,9 +17,13 @@ import (
 	"github.com/syncgate/syncgate/frames"
 )
 
-// fakeServer is a stand-in for the gateway until the gateway end-to-end
-// tests (in gateway/) cover the client. It speaks just enough of the
-// protocol for these tests: the hello reply, ack + snapshot for subscribe,
+// fakeServer is a stand-in for the gateway, for what the real one cannot
+// be made to do on cue: hold or lose one ack, refuse the first hello with
+// an overload, put an undecodable line or a reconnect frame before an
+// ack. The client against the real gateway is tested in gateway/
+// (client_*_test.go, fanout_test.go, auth_test.go, persist tests); these
+// tests cover the client's own rules. It speaks just enough of the
+// protocol for them: the hello reply, ack + snapshot for subscribe,
 // ack + patch for publish (patches reach subscribers on the same
 // connection only), and a per-connection seq check. All frames it sends in
 // answer to one message are batched into one message, '\n'-separated.
