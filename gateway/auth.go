@@ -105,11 +105,17 @@ func (s *session) refreshToken(f *frames.Hello) {
 			"refresh with a token for the same actor; open a new connection to change actor"))
 		return
 	}
-	s.setAuth(st)
+	// As on a first hello, the answer is queued before the new token's
+	// timer is armed: a token past its exp (within the leeway) has the
+	// X_TOKEN_EXPIRED notice sent at once, and queued before the hello it
+	// would read as the refresh's refusal. The old token's timer is
+	// stopped first, so that its notice cannot follow the answer either.
+	s.stopTokenClock()
 	s.srv.metrics.tokenRefreshes.Inc()
 	h := s.serverHello(st.actorID)
 	h.BuildID = s.srv.BuildID()
 	s.send(h)
+	s.setAuth(st)
 }
 
 // tokenClock is a session's expiry timer. At the token's exp the session
@@ -173,7 +179,8 @@ func (s *session) graceOver(gen uint64) {
 	}
 }
 
-// stopTokenClock stops the expiry timer for good (the session ended).
+// stopTokenClock stops the expiry timer: for good when the session ended,
+// else until the next setAuth (a refresh).
 func (s *session) stopTokenClock() {
 	c := &s.tokens
 	c.mu.Lock()
