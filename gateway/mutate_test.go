@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -429,5 +430,23 @@ func TestGateway_ProducerAfterRefusedMutate(t *testing.T) {
 				t.Fatalf("seq 3 sent again: %+v", r.Error)
 			}
 		})
+	}
+}
+
+// TestGateway_RetryOfLastSeq: seq is any integer >= 0 in the signed 64-bit
+// range, so a client may send 2^63-1. Its retry gets its first ack. The
+// producer's next expected seq used to wrap to -2^63 after it, so the
+// retry got X_SEQ_GAP ("expected -9223372036854775808").
+func TestGateway_RetryOfLastSeq(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{})
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("app", 0)
+	first := c.Publish("k", math.MaxInt64, "t", `1`)
+	if first.Error != nil {
+		t.Fatalf("seq 2^63-1: %+v", first.Error)
+	}
+	if r := c.Publish("k", math.MaxInt64, "t", `1`); r.Error != nil || *r.LSN != *first.LSN {
+		t.Fatalf("retry of seq 2^63-1: %+v %+v, want its first ack %s", r, r.Error, *first.LSN)
 	}
 }

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -87,6 +88,7 @@ type producer struct {
 	started  bool             // guarded by mu: a mutate has run on this node
 	epoch    int64            // guarded by mu
 	next     int64            // guarded by mu: the next expected seq
+	spent    bool             // guarded by mu: seq math.MaxInt64 was taken, so next (that seq) is answered and no seq is left
 	ring     []outcome        // guarded by mu: outcome of seq at seq % window, grown lazily
 	keys     map[string]int64 // guarded by mu: key → seq for outcomes in ring
 
@@ -113,7 +115,7 @@ func newProducer(epoch int64, window int) *producer {
 
 // resetLocked starts a new epoch at seq 0.
 func (p *producer) resetLocked(epoch int64) {
-	p.epoch, p.next, p.ring, p.keys = epoch, 0, nil, nil
+	p.epoch, p.next, p.ring, p.keys, p.spent = epoch, 0, nil, nil, false
 	p.bytes.Store(producerBytes + int64(len(p.clientID)))
 }
 
@@ -158,11 +160,11 @@ func (p *producer) run(epoch int64, first bool, f *frames.Mutate, reply func(out
 		// be behind (the client published elsewhere meanwhile, or its
 		// hello's seq was taken while an older connection still had
 		// mutates in flight).
-		p.next = f.Seq
+		p.next, p.spent = f.Seq, false
 	}
 	p.started = true
 	switch {
-	case f.Seq < p.next:
+	case f.Seq < p.next || p.spent:
 		if o, ok := p.lookupLocked(f.Seq); ok {
 			replyWhenDone(o, reply)
 			return
@@ -192,8 +194,20 @@ func (p *producer) run(epoch int64, first bool, f *frames.Mutate, reply func(out
 	}
 	o.seq = f.Seq
 	p.recordLocked(o)
-	p.next++
+	p.nextLocked()
 	replyWhenDone(o, reply)
+}
+
+// nextLocked moves past the seq just recorded. The last seq a client may
+// send (math.MaxInt64) has no next: the producer then stays there, spent,
+// and takes every mutate as a retry, rather than wrap to a negative next
+// that would make a retry of it X_SEQ_GAP.
+func (p *producer) nextLocked() {
+	if p.next == math.MaxInt64 {
+		p.spent = true
+		return
+	}
+	p.next++
 }
 
 // startPendingLocked records f as pending and answers it when later
@@ -201,7 +215,7 @@ func (p *producer) run(epoch int64, first bool, f *frames.Mutate, reply func(out
 func (p *producer) startPendingLocked(f *frames.Mutate, later <-chan outcome, reply func(outcome)) {
 	w := &pendingOutcome{done: make(chan struct{})}
 	p.recordLocked(outcome{seq: f.Seq, key: f.Key, wait: w})
-	p.next++
+	p.nextLocked()
 	p.inflight++
 	go func() {
 		w.o = <-later
@@ -265,7 +279,7 @@ func (p *producer) advance(epoch, seq int64) {
 		return // fenced (lower); a higher one was reset by acquire
 	}
 	if !p.started || seq > p.next {
-		p.next = seq
+		p.next, p.spent = seq, false
 	}
 	p.started = true
 }
