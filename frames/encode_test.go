@@ -231,7 +231,7 @@ func TestDefaultFix(t *testing.T) {
 	codes := []Code{CodeBadFrame, CodeProtocolVersion, CodeUnknownType, CodeMissingField, CodeBadField,
 		CodeHelloRequired, CodeDuplicateHello, CodeUnexpectedFrame, CodeUnsupported, CodeBadTopic,
 		CodeSIDInUse, CodeNotSubscribed, CodeCursorExpired, CodeUnknownMutation, CodeBadInput,
-		CodeSeqGap, CodeSeqForgotten, CodeEpochFenced, CodeTooManySubs, CodeInternal,
+		CodeSeqGap, CodeSeqForgotten, CodeSeqReused, CodeEpochFenced, CodeTooManySubs, CodeInternal,
 		CodeTokenRequired, CodeTokenExpired, CodeTokenNotYetValid, CodeBadToken, CodeTokenRejected,
 		CodeForbidden, CodeRateLimited, CodeTooManySessions,
 		CodePresenceNotSubscribed, CodePresenceNotJoined, CodePresenceConflict, CodePresenceRateLimited, CodeMetaTooLarge}

@@ -29,6 +29,7 @@ const (
 	CodeBadInput        Code = "X_BAD_INPUT"              // mutate.input does not fit the mutation
 	CodeSeqGap          Code = "X_SEQ_GAP"                // mutate.seq skips ahead of the next expected
 	CodeSeqForgotten    Code = "X_SEQ_FORGOTTEN"          // a retry of a seq too old to remember
+	CodeSeqReused       Code = "X_SEQ_REUSED"             // a seq already answered for another key
 	CodeEpochFenced     Code = "X_EPOCH_FENCED"           // the producer epoch is older than the current one
 	CodeTooManySubs     Code = "X_TOO_MANY_SUBSCRIPTIONS" // subscribe add over the session's subscription limit
 	CodeInternal        Code = "X_INTERNAL"               // the server failed; retry later
@@ -107,6 +108,7 @@ var defaultFixes = map[Code]string{
 	CodeBadInput:        "Send mutate.input in the shape the mutation expects.",
 	CodeSeqGap:          "Send mutates with seq increasing by 1; resend the missing seqs first.",
 	CodeSeqForgotten:    "This retry is too old to answer; treat its outcome as unknown.",
+	CodeSeqReused:       "This mutate was not applied: keep seq with clientId across restarts (hello.seq), or raise the epoch.",
 	CodeEpochFenced:     "A newer connection of this producer took over; reconnect with a higher epoch.",
 	CodeTooManySubs:     "Drop a subscription before adding another.",
 	CodeInternal:        "Retry later; for a mutate, send a new one (next seq, new key): its outcome is recorded.",

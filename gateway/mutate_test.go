@@ -45,6 +45,13 @@ func TestGateway_RetriedSeqGetsFirstAckAndPublishesOnce(t *testing.T) {
 	if r := pub2.Publish("k2", 2, "t", `2`); r.Error != nil || *r.LSN != *next.LSN {
 		t.Fatalf("retry after reconnect: %+v", r)
 	}
+	// An answered seq under another key is no retry (a client that kept
+	// its clientId but lost its seq): refused under its own key, with the
+	// seq's key named, and not applied.
+	if r := pub2.Publish("other", 2, "t", `"lost"`); r.Ref != "other" || r.Error == nil || r.Error.Code != frames.CodeSeqReused ||
+		!strings.Contains(r.Error.Cause, `"k2"`) {
+		t.Fatalf("seq 2 under another key: %+v", r)
+	}
 	gap := pub2.Publish("k9", 9, "t", `9`)
 	if gap.Error == nil || gap.Error.Code != frames.CodeSeqGap {
 		t.Fatalf("gap: %+v", gap)

@@ -166,6 +166,16 @@ func (p *producer) run(epoch int64, first bool, f *frames.Mutate, reply func(out
 	switch {
 	case f.Seq < p.next || p.spent:
 		if o, ok := p.lookupLocked(f.Seq); ok {
+			if o.key != f.Key {
+				// Not a retry: another mutate under a seq already
+				// answered (a client that kept its clientId but not its
+				// seq, say). Its first ack would carry the other key,
+				// which this client never matches; nothing is applied.
+				reply(outcome{key: f.Key, err: frames.NewError(frames.CodeSeqReused, f.Key,
+					fmt.Sprintf("mutate.seq %d was already answered for key %q; this mutate was not applied", f.Seq, o.key),
+					fmt.Sprintf("send it as seq %d, the next one; a client that keeps its clientId across restarts keeps its seq too (hello.seq), or raises its epoch", p.next))})
+				return
+			}
 			replyWhenDone(o, reply)
 			return
 		}
