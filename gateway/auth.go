@@ -113,8 +113,13 @@ func (s *session) refreshToken(f *frames.Hello) {
 	s.stopTokenClock()
 	s.srv.metrics.tokenRefreshes.Inc()
 	h := s.serverHello(st.actorID)
-	h.BuildID = s.srv.BuildID()
+	// Read and queued under buildMu, as answerHello does: a SetBuildID in
+	// between would queue its update-available before a hello announcing
+	// the build it replaced.
+	s.srv.buildMu.RLock()
+	h.BuildID = s.srv.buildID
 	s.send(h)
+	s.srv.buildMu.RUnlock()
 	s.setAuth(st)
 }
 
