@@ -20,8 +20,10 @@ import (
 // per rateLimitAnswerEvery, whose cause counts the frames dropped since the
 // last: answering every dropped frame of a flood would cost the node the
 // CPU the limit is there to save (bench topics -flooders). The session goes
-// on. A session that stays over the rate for RateLimitClose (every frame
-// refused, no second without a refusal) is abusive and is closed with 1008.
+// on. A session that stays over the rate for RateLimitClose (no second
+// without a refused frame, though most of its frames may be served: one a
+// little over its rate for that long counts) is abusive and is closed
+// with 1008.
 //
 // Dropping a frame still costs reading it, and a client can send frames far
 // faster than it is allowed to, so a flood is also read more slowly: the
