@@ -61,11 +61,18 @@ func (s *Server) serveCreate(w http.ResponseWriter, r *http.Request, name string
 	if opts.ContentType == "" {
 		opts.ContentType = "application/octet-stream"
 		if opts.ForkFrom != "" {
-			// A fork without Content-Type takes its source's.
+			// A fork without Content-Type takes its source's. A repeated
+			// PUT of an existing fork takes the fork's: its source may
+			// since have been deleted or have expired, and the fork's
+			// configuration is still the one the request names (200).
 			src, err := s.cfg.Log.Head(ctx, opts.ForkFrom)
 			if err != nil {
-				s.fail(w, r, forkSourceError(err))
-				return
+				fork, ferr := s.cfg.Log.Head(ctx, name)
+				if ferr != nil || fork.ForkFrom != opts.ForkFrom {
+					s.fail(w, r, forkSourceError(err))
+					return
+				}
+				src = fork
 			}
 			opts.ContentType = src.ContentType
 		}
