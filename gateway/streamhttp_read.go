@@ -365,10 +365,16 @@ func (s *Server) serveLongPoll(w http.ResponseWriter, r *http.Request, name stri
 		}
 		h.Set(hdrCursor, s.cursor(q.cursor))
 		if len(res.Records) > 0 {
-			// A catch-up's headers (PROTOCOL.md §5.6), its ETag too.
+			// A catch-up's headers (PROTOCOL.md §5.6), its ETag too, and
+			// its 304 for a matching If-None-Match (§8.1).
 			body := renderBody(res)
-			h.Set("Etag", pageETag(q.after, res, body))
+			etag := pageETag(q.after, res, body)
+			h.Set("Etag", etag)
 			h.Set("Cache-Control", "no-cache")
+			if etagMatches(r.Header.Get("If-None-Match"), etag) {
+				w.WriteHeader(http.StatusNotModified)
+				return
+			}
 			writePage(w, http.StatusOK, res, body)
 			return
 		}

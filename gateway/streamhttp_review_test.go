@@ -36,3 +36,22 @@ func TestStreamHTTP_ForkRetryAfterSourceDeleted(t *testing.T) {
 	s.do(t, "HEAD", "/v1/stream/tsrc", nil, "").want(t, 410)
 	s.do(t, "PUT", "/v1/stream/tfork", hdr("Stream-Forked-From", "/v1/stream/tsrc"), "").want(t, 200)
 }
+
+// TestStreamHTTP_LongPollIfNoneMatch: a long-poll 200 carries the ETag a
+// catch-up of the same range would, and honours If-None-Match as a
+// catch-up does (PROTOCOL.md §8.1, for catch-up and long-poll reads): a
+// cache revalidating its long-poll response gets 304, not the page again.
+func TestStreamHTTP_LongPollIfNoneMatch(t *testing.T) {
+	t.Parallel()
+	s := newStreamServer(t, gateway.Config{})
+	const p = "/v1/stream/lpinm"
+	s.do(t, "PUT", p, hdr("Content-Type", "text/plain"), "a").want(t, 201)
+	etag := s.do(t, "GET", p+"?offset=-1&live=long-poll", nil, "").want(t, 200).header.Get("ETag")
+	r := s.do(t, "GET", p+"?offset=-1&live=long-poll", hdr("If-None-Match", etag), "").want(t, 304).
+		wantHeader(t, "ETag", etag).wantBody(t, "")
+	if r.header.Get("Stream-Cursor") == "" {
+		t.Fatal("no Stream-Cursor on a long-poll 304")
+	}
+	// Another tag gets the page.
+	s.do(t, "GET", p+"?offset=-1&live=long-poll", hdr("If-None-Match", `"other"`), "").want(t, 200).wantBody(t, "a")
+}
