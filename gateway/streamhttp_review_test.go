@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"net/http"
 	"testing"
 	"time"
 
@@ -54,4 +55,33 @@ func TestStreamHTTP_LongPollIfNoneMatch(t *testing.T) {
 	}
 	// Another tag gets the page.
 	s.do(t, "GET", p+"?offset=-1&live=long-poll", hdr("If-None-Match", `"other"`), "").want(t, 200).wantBody(t, "a")
+}
+
+// TestStreamHTTP_ProducerRetryAfterClose: a producer that pipelines an
+// append and then the append that closes the stream, and retries the
+// first (its answer was lost), gets the first answer again: 204, a
+// duplicate, with the original offset, not 409 for the closed stream,
+// which would tell it that data the stream holds was refused.
+func TestStreamHTTP_ProducerRetryAfterClose(t *testing.T) {
+	t.Parallel()
+	s := newStreamServer(t, gateway.Config{})
+	const p = "/v1/stream/prodclose"
+	prod := func(seq string, close bool) http.Header {
+		h := hdr("Content-Type", "text/plain", "Producer-Id", "p", "Producer-Epoch", "0", "Producer-Seq", seq)
+		if close {
+			h.Set("Stream-Closed", "true")
+		}
+		return h
+	}
+	s.do(t, "PUT", p, hdr("Content-Type", "text/plain"), "").want(t, 201)
+	first := s.do(t, "POST", p, prod("0", false), "a").want(t, 200).header.Get("Stream-Next-Offset")
+	s.do(t, "POST", p, prod("1", true), "b").want(t, 200).wantHeader(t, "Stream-Closed", "true")
+	s.do(t, "POST", p, prod("0", false), "a").want(t, 204).
+		wantHeader(t, "Stream-Next-Offset", first).
+		wantHeader(t, "Stream-Closed", "true").
+		wantHeader(t, "Producer-Seq", "1")
+	// New data is still refused, from this producer or another.
+	s.do(t, "POST", p, prod("2", false), "c").want(t, 409).wantHeader(t, "Stream-Closed", "true")
+	s.do(t, "POST", p, hdr("Content-Type", "text/plain"), "c").want(t, 409)
+	s.do(t, "GET", p, nil, "").want(t, 200).wantBody(t, "ab")
 }

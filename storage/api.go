@@ -144,7 +144,8 @@ type Producer struct {
 // AppendRequest is one append. The checks run in this order: stream
 // exists and is live; closed (a closed stream refuses records with
 // [*ClosedError], except a producer duplicate of the append that closed
-// it, and accepts a close-only request as a no-op); producer; content
+// it or of one admitted before it, and accepts a close-only request as a
+// no-op); producer; content
 // type; Stream-Seq; sizes. Nothing is written unless every check passes
 // (with CreateMissing, not even the stream).
 type AppendRequest struct {

@@ -541,6 +541,13 @@ func (b *batch1) admit(r *request, m *meta, pe *prodEntry) bool {
 			return false
 		}
 		if !closeOnly {
+			// A retry of an append admitted before the close (a producer
+			// that pipelined it ahead of the closing one) is answered as
+			// the first time: a duplicate, not a refusal of data the
+			// stream holds.
+			if p != nil && b.producerDup(r, m, pe) {
+				return false
+			}
 			r.err = &ClosedError{Tail: FormatOffset(m.Tail)}
 			return false
 		}
@@ -581,6 +588,25 @@ func (b *batch1) admit(r *request, m *meta, pe *prodEntry) bool {
 			return false
 		}
 	}
+	return true
+}
+
+// producerDup answers r as a duplicate, and reports true, when the state
+// pe of its producer (loaded, and not idle past ProducerTTL) has admitted
+// its seq in its epoch. It changes nothing.
+func (b *batch1) producerDup(r *request, m *meta, pe *prodEntry) bool {
+	p := r.app.Producer
+	if !pe.exists || b.nowNs-pe.st.used >= int64(b.db.opts.ProducerTTL) {
+		return false
+	}
+	if dup, err := checkProducer(pe, p); err != nil || !dup {
+		return false
+	}
+	pos, ok := pe.st.lookup(p.Seq)
+	if !ok {
+		pos = m.Tail
+	}
+	r.res = appendRes{dup: true, closed: m.Closed, last: pos, epoch: pe.st.epoch, seq: pe.st.lastSeq}
 	return true
 }
 

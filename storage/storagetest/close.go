@@ -70,7 +70,14 @@ var closeTests = []test{
 		eq(t, "dup Closed", d.Closed, true)
 		eq(t, "dup Offset", d.Offset, off(2))
 		eq(t, "dup Seq", d.Seq, 1)
-		for _, p := range []*storage.Producer{prod("p", 0, 2), prod("q", 0, 0), prod("p", 0, 0)} {
+		// A retry of an append admitted before the close is answered as
+		// the first time: a duplicate (a producer that pipelined it ahead
+		// of the closing one, its answer lost), on the closed stream.
+		d = h.appendReq("s", storage.AppendRequest{Records: recs("x"), Producer: prod("p", 0, 0)})
+		eq(t, "earlier dup", d.Duplicate, true)
+		eq(t, "earlier dup Closed", d.Closed, true)
+		eq(t, "earlier dup Offset", d.Offset, off(1))
+		for _, p := range []*storage.Producer{prod("p", 0, 2), prod("q", 0, 0)} {
 			_, err := h.l.Append(h.ctx, "s", storage.AppendRequest{Records: recs("x"), Producer: p})
 			closedErr(t, "other tuple on closed", err)
 		}
