@@ -1,5 +1,8 @@
 package gateway_test
 
+// Requests sent again (a PUT of an existing fork, a producer's retry, a
+// long-poll revalidating its page) are answered as the first time.
+
 import (
 	"net/http"
 	"testing"
