@@ -245,7 +245,8 @@ func loopbackOnly(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !loopbackHost(r.Host) {
 			// Closed after the answer: net/http would otherwise first
-			// read what is left of a body, which may never come.
+			// read what is left of a body, which may never come. (It
+			// still reads it after the answer: boundBody bounds that.)
 			w.Header().Set("Connection", "close")
 			http.Error(w, "this gateway runs without tokens (dev mode) and answers only requests for localhost; configure token keys, or run it with -insecure", http.StatusMisdirectedRequest)
 			return

@@ -247,8 +247,10 @@ type Config struct {
 	LongPollTimeout time.Duration
 
 	// StreamBodyTimeout bounds the arrival of a Durable Streams request's
-	// body (PUT, POST): a body still incomplete then gets 408. Zero means
-	// 30s.
+	// body (PUT, POST): a body still incomplete then gets 408. It bounds
+	// the body of a request to any other path as well (net/http reads
+	// what a handler left of one): past it the connection is closed.
+	// Zero means 30s.
 	StreamBodyTimeout time.Duration
 
 	// MaxAppendBytes bounds one Durable Streams append body (HTTP 413 above

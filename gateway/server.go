@@ -174,11 +174,30 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Verifier == nil && !cfg.Insecure {
 		s.handler = loopbackOnly(s.handler)
 	}
+	s.handler = boundBody(s.handler, cfg.StreamBodyTimeout)
 
 	s.wg.Go(s.sweepLoop)
 	s.wg.Go(s.pacer.run)
 	s.wg.Go(func() { s.presence.run(s.stopSweep) })
 	return s, nil
+}
+
+// boundBody gives the body of every request d to arrive. net/http reads
+// what a handler left unread of a body (up to 256 KiB) before it answers
+// or takes the next request, and has no deadline of its own for that
+// (syncgate serve sets no ReadTimeout: it would cut long-polls and SSE
+// reads), so a request to any path that announced a body and never sent
+// it held its connection and goroutine for as long as the client liked.
+// The stream API sets the same deadline itself and lifts it once a body
+// is whole; net/http clears it when it hands an upgraded connection over
+// (TestGateway_UpgradeWithBodyNotCut).
+func boundBody(h http.Handler, d time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength != 0 { // -1: chunked, length unknown
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(d))
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // Handler serves /v1/ws, /healthz, /readyz and /metrics, the Durable
