@@ -167,9 +167,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.AdminToken != "" {
 		s.addAdminRoutes(mux)
 	}
-	s.handler = mux
+	s.handler = boundWrite(mux, cfg.WriteTimeout)
 	if cfg.Log != nil {
-		s.handler = streamsFirst(s.streamHandler(), mux)
+		s.handler = streamsFirst(s.streamHandler(), s.handler)
 	}
 	if cfg.Verifier == nil && !cfg.Insecure {
 		s.handler = loopbackOnly(s.handler)
@@ -196,6 +196,21 @@ func boundBody(h http.Handler, d time.Duration) http.Handler {
 		if r.ContentLength != 0 { // -1: chunked, length unknown
 			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(d))
 		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// boundWrite gives the answer of every request to h d to be written.
+// Without it (syncgate serve sets no WriteTimeout: it would cut long-polls
+// and SSE reads) a client that sends requests and never reads the answers
+// held its connection for good, net/http blocked writing into a full
+// socket. net/http lifts the deadline after each request, and when it
+// hands an upgraded connection over. The stream API is not behind it: it
+// bounds its reads' answers itself and leaves its writes' unbounded (a
+// deadline could cut the answer of an append already made).
+func boundWrite(h http.Handler, d time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(d))
 		h.ServeHTTP(w, r)
 	})
 }

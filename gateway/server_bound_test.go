@@ -133,3 +133,39 @@ func TestGateway_UpgradeWithBodyNotCut(t *testing.T) {
 		t.Fatalf("hello after %v: %q, %v; want the server's hello", 3*bound, msg, err)
 	}
 }
+
+// TestGateway_UnreadAnswersBounded: a client that sends requests and
+// never reads the answers does not hold its connection past WriteTimeout.
+// Without a write deadline (syncgate serve sets no WriteTimeout: it would
+// cut long-polls and SSE) net/http blocked for good writing the answers
+// of pipelined requests (or one /metrics page) into a full socket.
+func TestGateway_UnreadAnswersBounded(t *testing.T) {
+	t.Parallel()
+	const wt = 300 * time.Millisecond
+	srv := newTestServer(t, gateway.Config{WriteTimeout: wt})
+	addr := strings.TrimPrefix(srv.ts.URL, "http://")
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if err := conn.(*net.TCPConn).SetReadBuffer(4096); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.SetWriteDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	// Pipelined requests, never a read: once the socket buffers are full
+	// the server's writes block, and then its reads of the requests.
+	req := []byte(strings.Repeat("GET /metrics HTTP/1.1\r\nHost: "+addr+"\r\n\r\n", 64))
+	start := time.Now()
+	for {
+		if _, err = conn.Write(req); err != nil {
+			break
+		}
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the server still holds the connection %v on: its answers wait for a client that does not read",
+			time.Since(start).Round(time.Millisecond))
+	}
+}
