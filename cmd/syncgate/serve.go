@@ -13,6 +13,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -69,7 +70,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		return fmt.Errorf("addr (SYNCGATE_ADDR): %w", err)
 	}
 	if cfg.DebugAddr != "" {
-		stopDebug, err := serveDebug(cfg.DebugAddr, log)
+		stopDebug, err := serveDebug(cfg.DebugAddr, os.Args, log)
 		if err != nil {
 			_ = ln.Close()
 			_ = gw.Shutdown(context.Background())
@@ -232,15 +233,23 @@ func openLog(cfg *config, log *slog.Logger) (*storage.DB, error) {
 }
 
 // serveDebug serves net/http/pprof on its own listener, apart from the
-// public handler, and returns a function that stops it.
-func serveDebug(addr string, log *slog.Logger) (stop func(), err error) {
+// public handler, and returns a function that stops it. Its
+// /debug/pprof/cmdline shows args (the process's command line) with the
+// values of the secret settings hidden (redactArgs).
+func serveDebug(addr string, args []string, log *slog.Logger) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("debug-addr (SYNCGATE_DEBUG_ADDR): %w", err)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	cmdline := strings.Join(redactArgs(args), "\x00")
+	mux.HandleFunc("/debug/pprof/cmdline", func(w http.ResponseWriter, _ *http.Request) {
+		// As pprof.Cmdline, which shows os.Args as they are.
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = io.WriteString(w, cmdline)
+	})
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
@@ -249,6 +258,34 @@ func serveDebug(addr string, log *slog.Logger) (stop func(), err error) {
 	go func() { defer close(done); _ = hs.Serve(ln) }()
 	log.Info("debug (pprof) listening", "addr", ln.Addr().String())
 	return func() { _ = hs.Close(); <-done }, nil
+}
+
+// secretSettings are the settings whose values never leave the process:
+// redactArgs hides them on the command line.
+var secretSettings = map[string]bool{"jwt-secret": true, "admin-token": true}
+
+// redactArgs returns a copy of a command line with the value of every
+// secret setting given as a flag (-name v, -name=v, also with two dashes)
+// replaced by "[redacted]".
+func redactArgs(args []string) []string {
+	out := slices.Clone(args)
+	for i := 1; i < len(out); i++ {
+		a := out[i]
+		if !strings.HasPrefix(a, "-") {
+			continue
+		}
+		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !secretSettings[name] {
+			continue
+		}
+		if hasValue {
+			out[i] = a[:strings.IndexByte(a, '=')+1] + "[redacted]"
+		} else if i+1 < len(out) {
+			i++
+			out[i] = "[redacted]"
+		}
+	}
+	return out
 }
 
 func newLogger(cfg *config, w io.Writer) *slog.Logger {
