@@ -160,16 +160,29 @@ func newHTTPServer(cfg *config, handler http.Handler, log *slog.Logger) *http.Se
 	}
 }
 
-// httpErrorLog writes net/http's error log to slog: at warn level, but a
-// failed TLS handshake at debug. Anyone can cause one per connection
-// (connect, send garbage, close), so at warn they would flood the log.
+// httpErrorLog writes net/http's error log to slog: at warn level, but
+// what a client causes at debug (clientLogPrefixes). Anyone can cause
+// one per connection (connect, send garbage, close), so at warn they
+// would flood the log.
 type httpErrorLog struct{ log *slog.Logger }
+
+// clientLogPrefixes begin net/http's messages about a client's misdeeds:
+// a failed TLS handshake, and with TLS an HTTP/2 connection that does
+// not speak HTTP/2 (a bad preface, a protocol error, no SETTINGS).
+var clientLogPrefixes = []string{
+	"http: TLS handshake error",
+	"http2: server: error reading preface",
+	"http2: server connection error from",
+	"timeout waiting for SETTINGS frames",
+}
 
 func (h httpErrorLog) Write(p []byte) (int, error) {
 	msg := strings.TrimSuffix(string(p), "\n")
 	level := slog.LevelWarn
-	if strings.HasPrefix(msg, "http: TLS handshake error") {
-		level = slog.LevelDebug
+	for _, prefix := range clientLogPrefixes {
+		if strings.HasPrefix(msg, prefix) {
+			level = slog.LevelDebug
+		}
 	}
 	h.log.Log(context.Background(), level, msg)
 	return len(p), nil
