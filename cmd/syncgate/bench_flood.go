@@ -9,7 +9,6 @@ import (
 	"io"
 	"math"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -182,8 +181,8 @@ func (f *flooder) answer(line []byte) bool {
 		return true
 	}
 	f.ok.Add(1)
-	// The key is fl<seq>.<n>; a replayed outcome carries the key of the
-	// mutate that ran, with the same seq.
+	// The key is fl<seq>: a frame sent again under a seq not yet answered
+	// is a retry (same seq, same key), whose ack is the first one's.
 	if s, ok := floodKeySeq(a.Ref); ok {
 		for cur := f.nextSeq.Load(); s+1 > cur && !f.nextSeq.CompareAndSwap(cur, s+1); cur = f.nextSeq.Load() {
 		}
@@ -191,17 +190,12 @@ func (f *flooder) answer(line []byte) bool {
 	return true
 }
 
-// floodKeySeq parses the seq out of a flood mutate's key fl<seq>.<n>.
+// floodKeySeq parses the seq out of a flood mutate's key fl<seq>.
 func floodKeySeq(key string) (int64, bool) {
 	if len(key) < 3 || key[:2] != "fl" {
 		return 0, false
 	}
-	rest := key[2:]
-	dot := strings.IndexByte(rest, '.')
-	if dot < 0 {
-		return 0, false
-	}
-	s, err := strconv.ParseInt(rest[:dot], 10, 64)
+	s, err := strconv.ParseInt(key[2:], 10, 64)
 	return s, err == nil
 }
 
@@ -217,8 +211,11 @@ func (f *flooder) appendFrame(dst []byte, n int64) []byte {
 	}
 	// As frames.Encode lays out a mutate; keys and the topic need no
 	// escaping.
+	// Until seq is answered every frame sends it again, under the same
+	// key: a retry, as a client's (the same seq under another key is
+	// X_SEQ_REUSED).
 	seq := f.nextSeq.Load()
-	key := "fl" + strconv.FormatInt(seq, 10) + "." + strconv.FormatInt(n, 10)
+	key := "fl" + strconv.FormatInt(seq, 10)
 	dst = append(dst, `{"type":"mutate","v":1,"key":"`+key+`","seq":`+strconv.FormatInt(seq, 10)+
 		`,"name":"publish","input":{"topic":"`+f.topic+`","data":`...)
 	dst = appendData(dst, time.Now().UnixNano(), f.size)
