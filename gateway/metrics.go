@@ -42,7 +42,7 @@ func frameIndex(t frames.Type) int {
 // Drop reasons label syncgate_drops_total.
 const (
 	dropQueueFull     = "queue_full"     // the frame overflowed the send queue (the session is closed 4001)
-	dropSessionClosed = "session_closed" // the session was closing when the frame arrived
+	dropSessionClosed = "session_closed" // the session was closing when the frame arrived, or closed before writing it (see finish, writeBatch)
 )
 
 // metrics holds the gateway's collectors, resolved once so hot paths do no

@@ -472,6 +472,7 @@ func (s *session) writeTurn(spare []outItem, due bool) []outItem {
 			gap, count := s.lastGap, s.lastCount
 			if err := s.netConn.flush(); err != nil {
 				s.writeFailed(err)
+				s.srv.metrics.drops[dropSessionClosed].Add(float64(len(rest)))
 			} else {
 				s.observeDelivery(s.pendingAt)
 				if _, _, err := s.writeBatch(context.Background(), rest, true); err != nil {
@@ -526,6 +527,9 @@ func (s *session) cut() {
 // delivers what is already queued (acks included).
 func (s *session) finish(ctx context.Context, r closeReason, items []outItem) {
 	s.srv.presence.release(s) // not after the handshake: a vanished peer makes it wait
+	if s.writeBroken || !r.flushes() {
+		s.srv.metrics.drops[dropSessionClosed].Add(float64(len(items))) // discarded unwritten
+	}
 	if s.writeBroken {
 		// The stream may end inside a frame: a session already closing
 		// for another reason must not write its queue or a close frame
@@ -605,6 +609,9 @@ func (s *session) writeBatch(ctx context.Context, items []outItem, wait bool) (b
 			if n > 0 {
 				m.framesOut[k].Add(float64(n))
 			}
+		}
+		if err != nil {
+			m.drops[dropSessionClosed].Add(float64(len(rest))) // nothing is written after a failed write
 		}
 	}()
 	start := 0
