@@ -101,7 +101,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name: "syncgate_draining", Help: "1 once the node is draining or shutting down (/readyz fails), else 0.",
 		}),
 		badFrames: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "syncgate_frames_bad_total", Help: "Inbound frames that failed to decode.",
+			Name: "syncgate_frames_bad_total", Help: "Inbound frames that failed to decode, and binary messages.",
 		}),
 		framesRateLimited: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "syncgate_frames_rate_limited_total", Help: "Inbound frames dropped, undecoded, for being over their session's frame rate.",

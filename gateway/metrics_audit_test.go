@@ -5,6 +5,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/coder/websocket"
+
+	"github.com/syncgate/syncgate/frames"
 	"github.com/syncgate/syncgate/gateway"
 	"github.com/syncgate/syncgate/internal/gwtest"
 )
@@ -38,5 +41,27 @@ func TestMetrics_DropsCountFramesLostAtClose(t *testing.T) {
 		metricValue(t, m, `syncgate_drops_total{reason="session_closed"}`)
 	if out+dropped != float64(n) {
 		t.Fatalf("%d patches delivered to the session: %.0f written + %.0f dropped", n, out, dropped)
+	}
+}
+
+// A binary message is answered X_BAD_FRAME as a text frame that fails to
+// decode is, and counts as one in syncgate_frames_bad_total.
+func TestMetrics_BinaryMessageCountsAsBadFrame(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{})
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0)
+	if err := c.C.Write(t.Context(), websocket.MessageBinary, []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if ack := gwtest.Expect[*frames.Ack](c); ack.Error == nil || ack.Error.Code != frames.CodeBadFrame {
+		t.Fatalf("binary message answered %+v", ack)
+	}
+	m := scrape(t, srv.ts.URL)
+	if got := metricValue(t, m, `syncgate_error_acks_total{code="X_BAD_FRAME"}`); got != 1 {
+		t.Fatalf("X_BAD_FRAME acks %v, want 1", got)
+	}
+	if got := metricValue(t, m, "syncgate_frames_bad_total"); got != 1 {
+		t.Fatalf("syncgate_frames_bad_total %v after a binary message answered X_BAD_FRAME, want 1", got)
 	}
 }

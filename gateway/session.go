@@ -229,6 +229,7 @@ func (s *session) readLoop() error {
 			if now := s.srv.cfg.Now(); !s.allowFrame(now) {
 				pause = s.rateLimited(nil, now)
 			} else {
+				s.srv.metrics.badFrames.Inc()
 				s.sendError(frames.NewError(frames.CodeBadFrame, "", "binary WebSocket message",
 					"send frames as JSON in text messages"))
 			}
