@@ -385,15 +385,15 @@ func (s *session) enqueue(it outItem) (queued bool) {
 // once instead of growing the buffer several times.
 const sendFrameCap = 128
 
-// send encodes f and queues it.
-func (s *session) send(f frames.Frame) {
+// send encodes f and queues it, and reports whether it did (see enqueue).
+func (s *session) send(f frames.Frame) (queued bool) {
 	b, err := frames.AppendEncode(make([]byte, 0, sendFrameCap), f)
 	if err != nil {
 		// Only a server bug can make our own frames unencodable.
 		s.log().Error("encode failed", "type", f.FrameType(), "err", err)
-		return
+		return false
 	}
-	s.enqueue(outItem{body: b, kind: int8(frameIndex(f.FrameType()))})
+	return s.enqueue(outItem{body: b, kind: int8(frameIndex(f.FrameType()))})
 }
 
 // sendAck queues an ack for ref.
@@ -403,8 +403,11 @@ func (s *session) sendAck(ref string, lsn *string) {
 
 // sendError queues an error ack; the error's Ref says which frame it answers.
 func (s *session) sendError(e *frames.Error) {
-	s.srv.metrics.errorsByCode.WithLabelValues(string(e.Code)).Inc()
-	s.send(&frames.Ack{Ref: echoRef(e.Ref), Error: e.Body()})
+	if s.send(&frames.Ack{Ref: echoRef(e.Ref), Error: e.Body()}) {
+		// Counted once queued: one refused (the session closing) is a
+		// drop (drops_total), not an error ack sent.
+		s.srv.metrics.errorsByCode.WithLabelValues(string(e.Code)).Inc()
+	}
 }
 
 // echoRef returns ref, or "" when it is longer than any ref the server
