@@ -116,7 +116,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name: "syncgate_http_live_reads", Help: "Durable Streams HTTP live reads (long-poll, SSE) open; each holds a place under the session caps.",
 		}),
 		errorsByCode: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "syncgate_error_acks_total", Help: "Error acks sent, by error code.",
+			Name: "syncgate_error_acks_total", Help: "Error acks queued for the client, by error code.",
 		}, []string{"code"}),
 		bytesIn: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "syncgate_bytes_in_total", Help: "WebSocket payload bytes received.",
