@@ -32,9 +32,16 @@ func Fields(obj json.RawMessage, fn func(key []byte, val json.RawMessage) bool) 
 }
 
 // Unquote returns the string a JSON string token (with its quotes) holds,
-// such as a val passed by Fields; ok is false when tok is not a string.
+// such as a val passed by Fields; ok is false when tok is not exactly one
+// valid JSON string token (another value, a truncated string, a bad
+// escape, bytes after the closing quote). Like Decode, it turns a \u
+// escape naming a lone surrogate into U+FFFD.
 func Unquote(tok json.RawMessage) (s string, ok bool) {
 	if len(tok) < 2 || tok[0] != '"' {
+		return "", false
+	}
+	// unquote assumes a valid token: it reads past a trailing backslash.
+	if v := (validator{b: tok}); !v.str() || v.i != len(tok) {
 		return "", false
 	}
 	return unquote(tok), true

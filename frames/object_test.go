@@ -72,3 +72,24 @@ func TestAppendInsertBody_MatchesAppendPatchBody(t *testing.T) {
 		t.Fatalf("got  %s\nwant %s", got, want)
 	}
 }
+
+// TestUnquote_Malformed: Unquote is exported, so a token that is not one
+// valid JSON string is refused rather than read past its end.
+func TestUnquote_Malformed(t *testing.T) {
+	t.Parallel()
+	for _, tok := range []string{`"\"`, `"abc`, `"a"b"`, `"a" `, `"\x"`, `"\u12"`, `"\u12`, "\"a\nb\""} {
+		var s string
+		var ok bool
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Errorf("Unquote(%q) panicked: %v", tok, r)
+				}
+			}()
+			s, ok = Unquote(json.RawMessage(tok))
+		}()
+		if ok {
+			t.Errorf("Unquote(%q) = %q, true; want false", tok, s)
+		}
+	}
+}
