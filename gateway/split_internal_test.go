@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // splitByUnmarshal is what splitRecords computes, the slow way: each
@@ -72,7 +73,14 @@ func FuzzSplitRecords(f *testing.F) {
 			return
 		}
 		if err != nil {
-			return // not UTF-8, or over the message bound
+			// Only two refusals of valid JSON are right: invalid UTF-8
+			// inside a string (json.Valid does not check it), and an
+			// array over maxAppendMessages (a 413).
+			var re *requestError
+			if utf8.Valid(body) && (!errors.As(err, &re) || re.status != http.StatusRequestEntityTooLarge) {
+				t.Fatalf("%q: valid JSON refused: %v", body, err)
+			}
+			return
 		}
 		if want := splitByUnmarshal(body); !equalRecords(got, want) {
 			t.Fatalf("%q: split into %q, want %q", body, got, want)
