@@ -249,7 +249,7 @@ func (s *session) readLoop() error {
 					pause = max(pause, s.rateLimited(line, now))
 					return true
 				}
-				if looksLikeMutate(line) {
+				if onReaderStack(line) {
 					s.handleLine(s.ctx, line) // the frequent kind: no detour
 				} else {
 					s.onOwnStack(func() { s.handleLine(s.ctx, line) })
@@ -295,6 +295,22 @@ func looksLikeMutate(line []byte) bool {
 	return bytes.Contains(line[:min(len(line), 40)], []byte(`"type":"mutate"`))
 }
 
+// maxReaderBrackets bounds the '[' and '{' of a frame handled on the
+// reader's stack. frames.Decode checks JSON recursively, one call per
+// nesting level, up to 10,000 levels: a mutate nested that deep, 20 KB on
+// the wire, would grow the reader's stack to 512 KiB, and an idle session
+// keeps it until several GCs have shrunk it, so a client could pin that
+// much on every session it opens. Brackets inside strings count too: an
+// over-count only sends the frame to onOwnStack.
+const maxReaderBrackets = 64
+
+// onReaderStack reports whether line is handled on the reader's own
+// stack: a mutate (the frequent kind) that cannot nest deeply.
+func onReaderStack(line []byte) bool {
+	return looksLikeMutate(line) &&
+		bytes.Count(line, []byte("["))+bytes.Count(line, []byte("{")) <= maxReaderBrackets
+}
+
 // onOwnStack runs fn on a goroutine of its own and waits for it. The
 // reader goroutine lives as long as the session, and a Go stack shrinks
 // only to a size at least four times its deepest parked point: decoding and
@@ -302,7 +318,8 @@ func looksLikeMutate(line []byte) bool {
 // strict decoder) is deep enough to grow the reader's stack from 4 KiB to
 // 8 KiB for the rest of an idle session's life. Run on a short-lived
 // goroutine, it leaves the reader at 4 KiB. Mutates, the frequent kind,
-// stay on the reader: a publishing session is not an idle one.
+// stay on the reader (a publishing session is not an idle one) unless
+// they nest deeply (see onReaderStack).
 func (s *session) onOwnStack(fn func()) {
 	done := make(chan struct{})
 	go func() {
