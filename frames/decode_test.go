@@ -134,6 +134,9 @@ func TestDecode_Malformed(t *testing.T) {
 			if !strings.HasPrefix(fe.Cause, tt.field) {
 				t.Errorf("Cause = %q, want it to start with %q", fe.Cause, tt.field)
 			}
+			if !causeNamesField(fe) {
+				t.Errorf("Cause = %q does not start with the field's path", fe.Cause)
+			}
 			if fe.Fix == "" {
 				t.Error("Fix is empty")
 			}

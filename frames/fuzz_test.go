@@ -39,6 +39,9 @@ func FuzzDecode(f *testing.F) {
 			if fe.Code != CodeBadFrame && !json.Valid(line) {
 				t.Fatalf("invalid JSON reported as %s", fe.Code)
 			}
+			if !causeNamesField(fe) {
+				t.Fatalf("%s cause %q does not start with the field's path", fe.Code, fe.Cause)
+			}
 			ack := mustEncode(t, &Ack{Ref: fe.Ref, Error: fe.Body()})
 			checkWire(t, ack, TypeAck)
 			return
@@ -62,6 +65,30 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("encoding not stable:\n%s\n%s", e1, e2)
 		}
 	})
+}
+
+// causeNamesField reports whether e's cause starts with what it is about,
+// as docs/protocol.md §2 promises: "frame:", "v:", "type:", or for a
+// field error the field's path from its frame type ("mutate.seq: ...").
+func causeNamesField(e *Error) bool {
+	switch e.Code {
+	case CodeBadFrame:
+		return strings.HasPrefix(e.Cause, "frame: ")
+	case CodeProtocolVersion:
+		return strings.HasPrefix(e.Cause, "v: ")
+	case CodeUnknownType:
+		return strings.HasPrefix(e.Cause, "type: ")
+	}
+	path, _, ok := strings.Cut(e.Cause, ": ")
+	if !ok || strings.ContainsAny(path, " \"") {
+		return false
+	}
+	for _, t := range allFrameTypes {
+		if strings.HasPrefix(path, string(t)+".") {
+			return true
+		}
+	}
+	return false
 }
 
 // FuzzSplit checks that a message splits into the same lines as its two
