@@ -21,7 +21,8 @@ import (
 // does not know are ignored; a repeated field counts once, with its last
 // value. Checks run in this order, and the first failure is returned:
 //
-//  1. line is UTF-8, one JSON object, nothing else ([CodeBadFrame]);
+//  1. line is UTF-8, one JSON object, nothing else, nested at most
+//     10,000 deep ([CodeBadFrame]);
 //  2. "v" is the integer 1 ([CodeProtocolVersion]);
 //  3. "type" is a string naming one of the ten frames ([CodeUnknownType]);
 //  4. the frame's fields in struct order: present ([CodeMissingField]),

@@ -229,6 +229,8 @@ func TestDecode_Lenient(t *testing.T) {
 			&UpdateAvailable{BuildID: "é😀\ufffd\n"}},
 		{"raw compacted", `{"type":"mutate","v":1,"key":"k","seq":3,"name":"publish","input": { "topic" : "a b" , "data" : [ 1 , "x y" ] } }`,
 			&Mutate{Key: "k", Seq: 3, Name: "publish", Input: json.RawMessage(`{"topic":"a b","data":[1,"x y"]}`)}},
+		{"lone surrogate kept in raw JSON", `{"type":"mutate","v":1,"key":"k\udc00","seq":0,"name":"n","input":{"a":"\ud800"}}`,
+			&Mutate{Key: "k\ufffd", Name: "n", Input: json.RawMessage(`{"a":"\ud800"}`)}},
 		{"input null", `{"type":"mutate","v":1,"key":"k","seq":0,"name":"n","input":null}`,
 			&Mutate{Key: "k", Name: "n", Input: json.RawMessage(`null`)}},
 		{"query fields ignored on topic target", `{"type":"subscribe","v":1,"op":"add","sid":"s","target":{"kind":"topic","topic":"t","qid":"q","input":5,"cursor":null}}`,
