@@ -355,3 +355,42 @@ func TestLimits_BinaryCountsAgainstFrameRate(t *testing.T) {
 		t.Fatalf("syncgate_frames_rate_limited_total = %v", n)
 	}
 }
+
+// Messages of no frame (empty, or blank lines) are answered nothing, but
+// count against the frame rate: past the burst they are dropped with
+// X_RATE_LIMITED, and a flood of them is closed 1008 like any other.
+func TestLimits_EmptyMessagesCountAgainstFrameRate(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{FrameRate: 1, FrameBurst: 5, RateLimitClose: 500 * time.Millisecond})
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0)
+	for _, msg := range []string{"", "\n", "\n\n", "", "", "", ""} {
+		if err := c.C.Write(context.Background(), websocket.MessageText, []byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ack := gwtest.Expect[*frames.Ack](c); ack.Error == nil || ack.Error.Code != frames.CodeRateLimited {
+		t.Fatalf("after seven empty messages at a burst of 5: %+v, want X_RATE_LIMITED", ack)
+	}
+	// Kept up, the flood closes the session.
+	stop := make(chan struct{})
+	flooded := make(chan struct{})
+	go func() {
+		defer close(flooded)
+		tick := time.NewTicker(5 * time.Millisecond) // the flood's pace: 200/s against 1/s
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			if c.C.Write(context.Background(), websocket.MessageText, nil) != nil {
+				return // closed
+			}
+		}
+	}()
+	c.ExpectClose(websocket.StatusPolicyViolation)
+	close(stop)
+	<-flooded
+}

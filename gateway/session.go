@@ -239,7 +239,9 @@ func (s *session) readLoop() error {
 			// A closing session handles nothing more: its acks could no
 			// longer be sent, and a client retrying elsewhere must not
 			// find its mutate already done here.
+			lines := 0
 			frames.Split(msg, func(line []byte) bool {
+				lines++
 				if s.closing.Load() {
 					return false
 				}
@@ -256,6 +258,15 @@ func (s *session) readLoop() error {
 				}
 				return true
 			})
+			if lines == 0 {
+				// A message of no frame (empty, or blank lines) is
+				// answered nothing but costs a read: it counts as one
+				// frame against the rate, or a flood of them would be
+				// free.
+				if now := s.srv.cfg.Now(); !s.allowFrame(now) {
+					pause = s.rateLimited(nil, now)
+				}
+			}
 		}
 		if cap(msg) <= 64<<10 {
 			*bp = msg[:0]
