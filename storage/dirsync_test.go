@@ -1,7 +1,6 @@
 package storage_test
 
 import (
-	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
@@ -41,22 +40,7 @@ func TestOpen_SyncsDirectory(t *testing.T) {
 	if !slices.Contains(synced, dir) {
 		t.Fatalf("Open created %s and synced directories %q, not %s", path, synced, dir)
 	}
-	mustCreate(t, db, "keep", storage.CreateOptions{Records: rec("kept")})
-	mustCreate(t, db, "big", storage.CreateOptions{})
-	blob := bytes.Repeat([]byte("z"), 4000)
-	for range 50 {
-		recs := make([][]byte, 20)
-		for j := range recs {
-			recs[j] = blob
-		}
-		mustAppend(t, db, "big", storage.AppendRequest{Records: recs})
-	}
-	if err := db.Delete(t.Context(), "big"); err != nil {
-		t.Fatal(err)
-	}
-	for range 3 {
-		maintain(t, db)
-	}
+	leaveSparse(t, db, 50)
 	db.Close()
 
 	// The directory cannot be synced: Open refuses the file, compacted or

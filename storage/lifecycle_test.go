@@ -446,17 +446,15 @@ func TestDB_ProducerExpiryOnAppend(t *testing.T) {
 	}
 }
 
-func TestDB_Compaction(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "log.db")
-	opts := &storage.Options{NoSync: true, PruneBatch: 1000}
-	db, err := storage.Open(path, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+// leaveSparse makes db's file mostly free pages for Open to compact: a
+// stream "keep" with one record "kept", and a stream of pages × 80 KB
+// deleted and cleared (in bounded maintenance passes).
+func leaveSparse(t *testing.T, db *storage.DB, pages int) {
+	t.Helper()
 	mustCreate(t, db, "keep", storage.CreateOptions{Records: rec("kept")})
 	mustCreate(t, db, "big", storage.CreateOptions{})
 	blob := bytes.Repeat([]byte("z"), 4000)
-	for range 100 {
+	for range pages {
 		recs := make([][]byte, 20)
 		for j := range recs {
 			recs[j] = blob
@@ -466,9 +464,19 @@ func TestDB_Compaction(t *testing.T) {
 	if err := db.Delete(t.Context(), "big"); err != nil {
 		t.Fatal(err)
 	}
-	for range 5 {
-		maintain(t, db) // clears the deleted records in bounded passes
+	for range pages/20 + 2 {
+		maintain(t, db)
 	}
+}
+
+func TestDB_Compaction(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "log.db")
+	opts := &storage.Options{NoSync: true, PruneBatch: 1000}
+	db, err := storage.Open(path, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaveSparse(t, db, 100)
 	db.Close()
 	fi, _ := os.Stat(path)
 	o2 := *opts

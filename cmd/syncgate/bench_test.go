@@ -24,7 +24,15 @@ import (
 // its WebSocket URL.
 func startGateway(t *testing.T) string {
 	t.Helper()
-	gw, err := gateway.New(gateway.Config{})
+	_, ts := serveGateway(t, gateway.Config{})
+	return gwtest.WSURL(ts.URL)
+}
+
+// serveGateway runs a gateway of cfg on a loopback httptest server, shut
+// down (within 20 s) at the test's end.
+func serveGateway(t *testing.T, cfg gateway.Config) (*gateway.Server, *httptest.Server) {
+	t.Helper()
+	gw, err := gateway.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +45,7 @@ func startGateway(t *testing.T) string {
 		}
 		ts.Close()
 	})
-	return gwtest.WSURL(ts.URL)
+	return gw, ts
 }
 
 // runBench runs syncgate bench with args and decodes its JSON line into v.

@@ -37,19 +37,8 @@ func TestStorm_Drain(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = db.Close() })
 	node := func() (*gateway.Server, *httptest.Server) {
-		gw, err := gateway.New(gateway.Config{Log: db, Persist: []string{"storm:*"},
+		return serveGateway(t, gateway.Config{Log: db, Persist: []string{"storm:*"},
 			DrainSpread: spread, DrainGrace: grace, AcceptRate: -1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ts := httptest.NewServer(gw.Handler())
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			_ = gw.Shutdown(ctx)
-			ts.Close()
-		})
-		return gw, ts
 	}
 	gwA, tsA := node()
 	_, tsB := node()
@@ -114,20 +103,10 @@ func TestStorm_Drain(t *testing.T) {
 // with the subscribe's error.
 func Test_runStorm_SubscribeFailureIsAnError(t *testing.T) {
 	t.Parallel()
-	gw, err := gateway.New(gateway.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(gw.Handler())
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		_ = gw.Shutdown(ctx)
-		ts.Close()
-	})
+	_, ts := serveGateway(t, gateway.Config{})
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	_, err = runStorm(ctx, stormConfig{
+	_, err := runStorm(ctx, stormConfig{
 		n: 2, mode: stormPlan, spread: time.Second, rate: 10, topic: "bad topic", lead: 50 * time.Millisecond,
 		urlA: gwtest.WSURL(ts.URL), urlB: gwtest.WSURL(ts.URL), dialConc: 2,
 		scrape: &http.Client{Timeout: 5 * time.Second},
