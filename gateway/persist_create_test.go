@@ -378,6 +378,57 @@ func TestPersisted_HTTPPostRefusedMakesNoStream(t *testing.T) {
 	s.do(t, http.MethodGet, p, nil, "").want(t, http.StatusOK).wantBody(t, `[{"n":1}]`)
 }
 
+// A message appended over HTTP reaches each WebSocket subscriber of a
+// persisted topic as one patch, which its send queue must take whole: one
+// larger than a quarter of the queue (SendQueueBytes/4) is refused with
+// 413 (POST and PUT alike), and nothing is written. Accepted, it closed
+// every live subscriber as a slow consumer (4001), and every resume from
+// a cursor before it again. One at the bound reaches a live subscriber
+// and a resume.
+func TestPersisted_HTTPMessageFitsTheSendQueue(t *testing.T) {
+	t.Parallel()
+	const queue = 256 << 10
+	n := startPersistNodeWith(t, t.TempDir(), nil, func(c *gateway.Config) { c.SendQueueBytes = queue })
+	const topic = "chat:big"
+	url := n.ts.URL + "/v1/stream/" + topic
+	live := gwtest.Dial(t, n.url, nil)
+	live.Hello("", 0)
+	before := live.Subscribe("l", topic).Cursor
+
+	message := func(size int) string { return `"` + strings.Repeat("x", size-2) + `"` }
+	if code, body := httpDo(t, http.MethodPost, url, "", "application/json", message(queue/4+1)); code != http.StatusRequestEntityTooLarge || !strings.Contains(body, "send-queue-bytes") {
+		t.Fatalf("POST of a message over a quarter of the send queue: %d %s, want 413 naming -send-queue-bytes", code, body)
+	}
+	notFound(t, n.db, topic)
+	if code, body := httpDo(t, http.MethodPut, n.ts.URL+"/v1/stream/chat:bigput", "", "application/json", `[1,`+message(queue/4+1)+`]`); code != http.StatusRequestEntityTooLarge {
+		t.Fatalf("PUT with a message over a quarter of the send queue: %d %s, want 413", code, body)
+	}
+	notFound(t, n.db, "chat:bigput")
+	// Not a persisted topic: no WebSocket subscriber reads it.
+	if code, body := httpDo(t, http.MethodPut, n.ts.URL+"/v1/stream/notes:big", "", "application/json", message(queue/4+1)); code != http.StatusCreated {
+		t.Fatalf("PUT at a name that is not persisted: %d %s, want 201", code, body)
+	}
+
+	fits := message(queue / 4)
+	if code, body := httpDo(t, http.MethodPost, url, "", "application/json", fits); code != http.StatusNoContent {
+		t.Fatalf("POST of a message of a quarter of the send queue: %d %s, want 204", code, body)
+	}
+	expectMade(t, live, "l")
+	if op := collect(t, live, "l", 1)[0]; rowData(t, op) != fits {
+		t.Fatalf("live subscriber got %d bytes, want the message", len(rowData(t, op)))
+	}
+	r := gwtest.Dial(t, n.url, nil)
+	r.Hello("", 0)
+	r.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "r", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic, Cursor: &before}})
+	if ack := gwtest.Expect[*frames.Ack](r); ack.Error != nil {
+		t.Fatalf("resume from before the message: %+v", ack)
+	}
+	gwtest.Expect[*frames.Snapshot](r)
+	if op := collect(t, r, "r", 1)[0]; rowData(t, op) != fits {
+		t.Fatalf("resume got %d bytes, want the message", len(rowData(t, op)))
+	}
+}
+
 // With token keys, the append that makes a persisted topic's stream needs
 // the publish grant (as a WebSocket publish), not manage.
 func TestPersisted_HTTPPostMakesTheStreamWithPublish(t *testing.T) {

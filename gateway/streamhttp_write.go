@@ -93,6 +93,10 @@ func (s *Server) serveCreate(w http.ResponseWriter, r *http.Request, name string
 		s.fail(w, r, err)
 		return
 	}
+	if err := s.checkPersistedSizes(name, opts.ContentType, opts.Records); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	info, created, err := s.cfg.Log.Create(ctx, name, opts)
 	if err != nil {
 		if opts.ForkFrom != "" {
@@ -283,6 +287,10 @@ func (s *Server) serveAppend(w http.ResponseWriter, r *http.Request, name string
 			s.fail(w, r, err)
 			return
 		}
+		if err := s.checkPersistedSizes(name, req.ContentType, req.Records); err != nil {
+			s.fail(w, r, err)
+			return
+		}
 	}
 	// A persisted topic's stream is made by its first append, in the
 	// same commit, as by a WebSocket publish.
@@ -335,6 +343,30 @@ func (s *Server) explainBodyError(ctx context.Context, name, ct string, bodyErr 
 		return storage.ErrContentType
 	}
 	return bodyErr
+}
+
+// checkPersistedSizes refuses (413), at a persisted topic's name, a
+// message larger than a quarter of a session's send queue
+// (Config.SendQueueBytes): each reaches every WebSocket subscriber as one
+// patch, which a queue must take whole, and a replay queues its frames
+// (up to an eighth of the queue, and one message more) onto a queue below
+// half full. A larger one would close every live subscriber as a slow
+// consumer (4001), and every resume from a cursor before it again: no
+// subscriber could ever get past it. Only a JSON stream's messages are
+// rows (ct: the request's content type; a subscribe refuses another type).
+func (s *Server) checkPersistedSizes(name, ct string, records [][]byte) *requestError {
+	if !isJSON(ct) || !s.persisted(name) {
+		return nil
+	}
+	limit := s.cfg.SendQueueBytes / 4
+	for i, rec := range records {
+		if len(rec) > limit {
+			return &requestError{http.StatusRequestEntityTooLarge, fmt.Sprintf(
+				"message %d is %d bytes: %q is a persisted topic (-persist), whose WebSocket subscribers take a message of at most %d bytes (a quarter of -send-queue-bytes); split it, or raise -send-queue-bytes",
+				i, len(rec), name, limit)}
+		}
+	}
+	return nil
 }
 
 // parseAppendHeaders validates a POST's headers into an append request
