@@ -20,7 +20,7 @@ func simulate(t *testing.T, b *acceptBudget, clients int, arrive func(i int) tim
 	var wg sync.WaitGroup
 	for i := range clients {
 		wg.Go(func() {
-			time.Sleep(arrive(i))
+			time.Sleep(arrive(i)) // the bubble's fake clock: the client arrives then
 			for {
 				ok, reason, after := b.admit(time.Now())
 				if ok {
@@ -36,7 +36,7 @@ func simulate(t *testing.T, b *acceptBudget, clients int, arrive func(i int) tim
 				mu.Lock()
 				refusals++
 				mu.Unlock()
-				time.Sleep(time.Duration(afterMs(after)) * time.Millisecond)
+				time.Sleep(time.Duration(afterMs(after)) * time.Millisecond) // fake clock: the client waits its afterMs
 			}
 		})
 	}
