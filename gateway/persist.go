@@ -203,6 +203,19 @@ func publishRecord(rec []byte) (data json.RawMessage, actorID *string, at *int64
 // validRecord reports whether rec is JSON that recordRow can embed.
 func validRecord(rec []byte) bool { return json.Valid(rec) }
 
+// maxRow is the largest record a persisted topic's subscribers are sent:
+// a quarter of a session's send queue (Config.SendQueueBytes). Each
+// record reaches a live subscriber as one patch, which its queue must
+// take whole, and a replay queues its frames (up to an eighth of the
+// queue, and one message more) onto a queue below half full. A larger
+// one would close every live subscriber as a slow consumer (4001), and
+// every resume from a cursor before it again: nobody could get past it.
+// The HTTP API refuses such a message at a persisted topic's name (413,
+// checkPersistedSizes); one that reaches the log another way (a fork of
+// another stream, another node's or an earlier run's larger queue) is
+// skipped, as a record that is not JSON is.
+func (srv *Server) maxRow() int { return srv.cfg.SendQueueBytes / 4 }
+
 // tailer feeds one persisted topic's records to the transport.
 type tailer struct {
 	topic     string
@@ -580,7 +593,10 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 		now := srv.cfg.Now().UnixMilli()
 		mu.Lock()
 		for _, r := range res.Records {
-			if !validRecord(r.Data) {
+			if len(r.Data) > srv.maxRow() {
+				log.Warn("persisted topic: record is larger than a quarter of a session's send queue (-send-queue-bytes); skipped",
+					"offset", r.Offset, "bytes", len(r.Data), "limit", srv.maxRow())
+			} else if !validRecord(r.Data) {
 				if warnedRecord != cur {
 					warnedRecord = cur
 					log.Warn("persisted topic: record is not JSON; skipped (and any other such record of this stream, without a warning)", "offset", r.Offset)
@@ -1039,7 +1055,7 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 				if rec.Offset > through {
 					break
 				}
-				if validRecord(rec.Data) {
+				if len(rec.Data) <= srv.maxRow() && validRecord(rec.Data) { // as the tailer skips
 					row := recordRow(nil, rec.Offset, rec.Data, now)
 					ops = append(ops, frames.PatchOp{Op: frames.PatchInsert, ID: rec.Offset, LSN: rec.Offset, Row: row})
 					if size += len(row); (len(ops) == replayFrameOps || size >= frameBytes) && !flush() {

@@ -429,6 +429,49 @@ func TestPersisted_HTTPMessageFitsTheSendQueue(t *testing.T) {
 	}
 }
 
+// A record over that bound that reaches a persisted topic's log another
+// way (here written to the log directly, as a fork of another stream, or
+// a node with a larger queue, may have) is skipped, by the tailer and by
+// a replay, with a warning in the node's log, and the next record is
+// delivered. Sent, it closed every live subscriber as a slow consumer
+// (4001), and every resume from a cursor before it again.
+func TestPersisted_OversizedRecordIsSkipped(t *testing.T) {
+	t.Parallel()
+	const queue = 256 << 10
+	logs := &syncBuffer{}
+	n := startPersistNodeWith(t, t.TempDir(), nil, func(c *gateway.Config) {
+		c.SendQueueBytes = queue
+		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	})
+	const topic = "chat:forked"
+	live := gwtest.Dial(t, n.url, nil)
+	live.Hello("", 0)
+	before := live.Subscribe("l", topic).Cursor
+
+	big := []byte(`"` + strings.Repeat("x", queue/4-1) + `"`)
+	o := storage.CreateOptions{ContentType: "application/json", Records: [][]byte{big, []byte(`{"after":1}`)}}
+	if _, _, err := n.db.Create(context.Background(), topic, o); err != nil {
+		t.Fatal(err)
+	}
+	expectMade(t, live, "l")
+	if op := collect(t, live, "l", 1)[0]; op.LSN != storage.FormatOffset(2) || rowData(t, op) != `{"after":1}` {
+		t.Fatalf("live subscriber got %d bytes at %s, want the record after the oversized one", len(rowData(t, op)), op.LSN)
+	}
+	r := gwtest.Dial(t, n.url, nil)
+	r.Hello("", 0)
+	r.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "r", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic, Cursor: &before}})
+	if ack := gwtest.Expect[*frames.Ack](r); ack.Error != nil {
+		t.Fatalf("resume from before the records: %+v", ack)
+	}
+	gwtest.Expect[*frames.Snapshot](r)
+	if op := collect(t, r, "r", 1)[0]; op.LSN != storage.FormatOffset(2) {
+		t.Fatalf("resume got the record at %s, want only the one at %s", op.LSN, storage.FormatOffset(2))
+	}
+	if got := logs.String(); !strings.Contains(got, "larger than a quarter of a session's send queue") {
+		t.Fatalf("no warning for the skipped record:\n%s", got)
+	}
+}
+
 // With token keys, the append that makes a persisted topic's stream needs
 // the publish grant (as a WebSocket publish), not manage.
 func TestPersisted_HTTPPostMakesTheStreamWithPublish(t *testing.T) {

@@ -346,19 +346,15 @@ func (s *Server) explainBodyError(ctx context.Context, name, ct string, bodyErr 
 }
 
 // checkPersistedSizes refuses (413), at a persisted topic's name, a
-// message larger than a quarter of a session's send queue
-// (Config.SendQueueBytes): each reaches every WebSocket subscriber as one
-// patch, which a queue must take whole, and a replay queues its frames
-// (up to an eighth of the queue, and one message more) onto a queue below
-// half full. A larger one would close every live subscriber as a slow
-// consumer (4001), and every resume from a cursor before it again: no
-// subscriber could ever get past it. Only a JSON stream's messages are
-// rows (ct: the request's content type; a subscribe refuses another type).
+// message larger than its subscribers are sent (Server.maxRow: a quarter
+// of a session's send queue), which the tailer and a replay would skip.
+// Only a JSON stream's messages are rows (ct: the request's content type;
+// a subscribe refuses another type).
 func (s *Server) checkPersistedSizes(name, ct string, records [][]byte) *requestError {
 	if !isJSON(ct) || !s.persisted(name) {
 		return nil
 	}
-	limit := s.cfg.SendQueueBytes / 4
+	limit := s.maxRow()
 	for i, rec := range records {
 		if len(rec) > limit {
 			return &requestError{http.StatusRequestEntityTooLarge, fmt.Sprintf(
