@@ -330,16 +330,30 @@ func (p *presenceHub) join(ctx context.Context, s *session, topic, ref string, m
 	return nil
 }
 
-// update writes s's member m in topic.
+// update writes s's member m in topic. A registry that lost the member
+// while the session held it (its hold expired in a stall longer than the
+// TTL, before the refresh loop's rejoin) is joined again with m: the
+// client joined and never left, so its update is not refused, and the
+// rejoin that follows does not write the state m replaced. The rejoin
+// here and the refresh loop's both run under mu, so whichever comes
+// second writes what the session last held.
 func (p *presenceHub) update(ctx context.Context, s *session, topic string, m presence.Member) error {
-	if err := p.reg.Update(ctx, topic, s.id, m); err != nil {
+	err := p.reg.Update(ctx, topic, s.id, m)
+	if err != nil && !errors.Is(err, presence.ErrNotJoined) {
 		return err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if _, ok := p.held[s][topic]; ok {
-		p.holdLocked(s, topic, m)
+	if _, ok := p.held[s][topic]; !ok {
+		return err // not joined here either (nil: a leave came between)
 	}
+	if err != nil {
+		if _, err := p.reg.Join(ctx, topic, s.id, m); err != nil {
+			return err
+		}
+		p.srv.metrics.presenceRejoins.Inc()
+	}
+	p.holdLocked(s, topic, m)
 	return nil
 }
 

@@ -592,6 +592,63 @@ func TestPresence_RejoinAfterStall(t *testing.T) {
 	}
 }
 
+// expireOnUpdate is a registry whose next Update, once armed, finds its
+// holder gone, as after a stall longer than the TTL that the refresh
+// loop has not noticed yet.
+type expireOnUpdate struct {
+	presence.Registry
+	armed atomic.Bool
+}
+
+func (r *expireOnUpdate) Update(ctx context.Context, topic, holder string, m presence.Member) error {
+	if r.armed.CompareAndSwap(true, false) {
+		if err := r.Registry.LeaveAll(ctx, holder); err != nil {
+			return err
+		}
+	}
+	return r.Registry.Update(ctx, topic, holder, m)
+}
+
+// TestPresence_UpdateAfterStallRejoins: an update that finds the session's
+// member expired in the registry (a stall, before the refresh loop's
+// rejoin) joins it again with the update's state, acknowledged, and
+// counted as a rejoin. It was refused X_PRESENCE_NOT_JOINED, though the
+// client never left, and the refresh loop then rejoined the member with
+// the state before the update.
+func TestPresence_UpdateAfterStallRejoins(t *testing.T) {
+	t.Parallel()
+	mem, err := presence.NewMemoryRegistry(presence.Config{TTL: time.Minute, Window: 20 * time.Millisecond, LeaveGrace: 40 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := &expireOnUpdate{Registry: mem}
+	srv := newTestServer(t, gateway.Config{Presence: reg, PresenceTTL: time.Minute, PresenceWindow: 20 * time.Millisecond})
+	a := gwtest.Dial(t, srv.url, nil)
+	a.Hello("live", 0)
+	a.Subscribe("s", "room")
+	join(t, a, "room", `{"name":"Ada"}`)
+	reg.armed.Store(true)
+	if code := presenceAck(a, "room", frames.PresenceUpdate, `{"name":"Ada","typing":true}`, 0); code != "" {
+		t.Fatalf("update after the member expired: %s, want it joined again", code)
+	}
+	if got := scrape(t, srv.ts.URL); !strings.Contains(got, "\nsyncgate_presence_rejoins_total 1\n") {
+		t.Fatal("the rejoin is not counted in syncgate_presence_rejoins_total")
+	}
+	b := gwtest.Dial(t, srv.url, nil)
+	b.Hello("", 0)
+	b.Subscribe("s", "room")
+	sync := join(t, b, "room", `null`)
+	var live *frames.Member
+	for i := range sync.Members {
+		if sync.Members[i].ID == "live" {
+			live = &sync.Members[i]
+		}
+	}
+	if live == nil || string(live.Meta) != `{"name":"Ada","typing":true}` {
+		t.Fatalf("the sync lists %s, live = %+v; want live with the update's meta", memberIDs(sync.Members), live)
+	}
+}
+
 // TestPresence_ListsPerSessionAreRationed: leave then join again buys a
 // whole member list each time; a session gets 128 lists at once, then 2
 // a second. Over that (the clock stands still here) a join that needs a
