@@ -133,7 +133,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 		}),
 		publishes: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "syncgate_publishes_total", Help: "Messages published (each encoded once).",
+			Name: "syncgate_publishes_total", Help: "Messages published (each encoded once): WebSocket publishes, and messages appended over HTTP to a persisted topic's stream (one per JSON message; a producer's duplicate counts none).",
 		}),
 		overloadTicks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "syncgate_overload_ticks_total", Help: "Pacing ticks (50 ms each) in which the node was overloaded: the moving average over a few ticks of the share of Go scheduler waits of about 1 ms or more exceeded 40% (with shared writers, the writer pool's late turns count as such waits: a paced session taken 5 ms or more after it was due, a ready one that waited max-write-delay + 5 ms or more and, if pacing could not batch it, longer than its frames come apart, at most twice overload-write-delay), and pacing's delay could grow to overload-write-delay.",

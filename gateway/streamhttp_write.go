@@ -109,6 +109,7 @@ func (s *Server) serveCreate(w http.ResponseWriter, r *http.Request, name string
 	}
 	if created {
 		s.streamMade(name) // a persisted topic's subscribers may wait for it
+		s.countPublishes(name, opts.ContentType, len(opts.Records))
 	}
 	h := w.Header()
 	h.Set("Content-Type", info.ContentType)
@@ -311,6 +312,9 @@ func (s *Server) serveAppend(w http.ResponseWriter, r *http.Request, name string
 	if req.CreateMissing {
 		s.streamMade(name) // its subscribers may wait for it
 	}
+	if !res.Duplicate {
+		s.countPublishes(name, req.ContentType, len(req.Records))
+	}
 	h := w.Header()
 	h.Set(hdrNextOffset, res.Offset)
 	setClosed(h, res.Closed)
@@ -323,6 +327,19 @@ func (s *Server) serveAppend(w http.ResponseWriter, r *http.Request, name string
 		}
 	}
 	w.WriteHeader(status)
+}
+
+// countPublishes counts in syncgate_publishes_total the n messages an
+// HTTP write (of content type ct) added to stream name, if it is a
+// persisted topic's: each reaches the topic's WebSocket subscribers as
+// one patch, as a WebSocket publish does, so it counts as one whichever
+// door it came through. A stream of another type than JSON there is no
+// topic's (a subscribe is refused), and a producer's retry answered as
+// a duplicate wrote nothing: the caller does not count it.
+func (s *Server) countPublishes(name, ct string, n int) {
+	if n > 0 && isJSON(ct) && s.persisted(name) {
+		s.metrics.publishes.Add(float64(n))
+	}
 }
 
 // explainBodyError returns the error for a body that splitRecords refused
