@@ -143,7 +143,11 @@ func (s *session) publishPersisted(f *frames.Mutate, topic string, data json.Raw
 			later <- outcome{key: f.Key, err: s.logError(f.Key, "publish", topic, err)}
 			return
 		}
-		srv.metrics.publishes.Inc()
+		if !res.Duplicate {
+			// A retry the log answers (its producer unknown here: a
+			// restart, or a record forgotten) wrote nothing.
+			srv.metrics.publishes.Inc()
+		}
 		srv.streamMade(topic) // the first append made the stream
 		later <- outcome{key: f.Key, lsn: res.Offset}
 	})

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/syncgate/syncgate/internal/gwtest"
+	"github.com/syncgate/syncgate/storage"
 )
 
 // streamStatus sends method to topic's stream on n with body (of content
@@ -122,4 +123,47 @@ func TestPersisted_HTTPAppendsCountAsPublishes(t *testing.T) {
 	code, body = streamStatus(t, n, http.MethodPost, topic, "application/json", `{"n":7}`)
 	must("POST to the closed stream", code, http.StatusConflict, body)
 	want("a close and a POST it refused", 8)
+}
+
+// A WebSocket publish retried after a restart (the node has no record of
+// its client's producer, so the retry reaches the log) is answered by the
+// log as a duplicate: acked with the original offset, nothing written,
+// and no publish counted. (It used to count: the append's callback
+// counted every admitted append, duplicates too.)
+func TestPersisted_RetryTheLogAnswersCountsNoPublish(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	const topic = "chat:retry"
+	n := startPersistNode(t, dir)
+	c := gwtest.Dial(t, n.url, nil)
+	c.Hello("writer", 0)
+	first := c.Publish("k0", 0, topic, `{"n":0}`)
+	if first.Error != nil || first.LSN == nil {
+		t.Fatalf("publish: %+v", first)
+	}
+	if got := publishesOf(t, n); got != 1 {
+		t.Fatalf("syncgate_publishes_total %v after a publish, want 1", got)
+	}
+	_ = c.C.CloseNow()
+	n.stop()
+
+	n = startPersistNode(t, dir)
+	c = gwtest.Dial(t, n.url, nil)
+	c.Hello("writer", 0)
+	if ack := c.Publish("k0", 0, topic, `{"n":0}`); ack.Error != nil || ack.LSN == nil || *ack.LSN != *first.LSN {
+		t.Fatalf("the retry after the restart: ack %+v, want the original offset %s", ack, *first.LSN)
+	}
+	res, err := n.db.Read(t.Context(), topic, storage.ZeroOffset, 0)
+	if err != nil || len(res.Records) != 1 {
+		t.Fatalf("log after the retry: %d records, %v; want the one", len(res.Records), err)
+	}
+	if got := publishesOf(t, n); got != 0 {
+		t.Fatalf("syncgate_publishes_total %v after a retry the log answered as a duplicate, want 0", got)
+	}
+	if ack := c.Publish("k1", 1, topic, `{"n":1}`); ack.Error != nil {
+		t.Fatalf("the next publish: %+v", ack.Error)
+	}
+	if got := publishesOf(t, n); got != 1 {
+		t.Fatalf("syncgate_publishes_total %v after a new publish, want 1", got)
+	}
 }
