@@ -9,7 +9,9 @@
 //
 // A publication is encoded once: the transport builds one [Message] and
 // hands the same pointer, with the same Data bytes, to every subscriber.
-// Nobody modifies a Message or its Data after Publish.
+// Nobody modifies a Message or its Data after Publish. Its At is when
+// Publish was called, or, through the optional [AtPublisher], the time the
+// publisher gives (a message published before it reached the transport).
 //
 // # Subscribers
 //

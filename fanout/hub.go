@@ -17,7 +17,8 @@ type HubConfig struct {
 	// Zero or negative means 64.
 	Shards int
 
-	// Now is the clock for Message.At. Nil means time.Now.
+	// Now is the clock for Message.At (unless PublishAt gives it). Nil
+	// means time.Now.
 	Now func() time.Time
 }
 
@@ -56,7 +57,10 @@ type Hub struct {
 	closed atomic.Bool
 }
 
-var _ Transport = (*Hub)(nil)
+var (
+	_ Transport   = (*Hub)(nil)
+	_ AtPublisher = (*Hub)(nil)
+)
 
 // shard is one lock's worth of topics, padded to its own cache lines so
 // publishers read-locking neighbouring shards do not share a line.
@@ -189,6 +193,18 @@ func (h *Hub) shard(topic string) *shard {
 // if ctx is already cancelled, [net.ErrClosed] after Close, and nil
 // otherwise, including when topic has no subscribers.
 func (h *Hub) Publish(ctx context.Context, topic string, data []byte) error {
+	return h.publish(ctx, topic, data, time.Time{})
+}
+
+// PublishAt is Publish with the Message's At set to at (zero: now, as
+// Publish), for a message published before it reached the hub.
+func (h *Hub) PublishAt(ctx context.Context, topic string, data []byte, at time.Time) error {
+	return h.publish(ctx, topic, data, at)
+}
+
+// publish is Publish, with Message.At set to at if not zero. The clock is
+// read only for a topic with subscribers.
+func (h *Hub) publish(ctx context.Context, topic string, data []byte, at time.Time) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -202,7 +218,10 @@ func (h *Hub) Publish(ctx context.Context, topic string, data []byte) error {
 	if ts == nil {
 		return nil
 	}
-	m := &Message{Topic: topic, Data: data, At: h.now()}
+	if at.IsZero() {
+		at = h.now()
+	}
+	m := &Message{Topic: topic, Data: data, At: at}
 	for _, s := range ts.list {
 		s.Deliver(m)
 	}

@@ -77,6 +77,32 @@ func TestHub_Publish_SameMessage(t *testing.T) {
 	}
 }
 
+// PublishAt gives the Message the time it is given, not the clock's; a
+// zero time means now. (Its allocations: TestHub_Publish_Allocs.)
+func TestHub_PublishAt(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2025, 1, 2, 3, 4, 5, 6, time.UTC)
+	h := newHub(t, fanout.HubConfig{Now: func() time.Time { return now }})
+	ctx := t.Context()
+	s := &lastSub{}
+	if err := h.Subscribe(ctx, "room", s); err != nil {
+		t.Fatal(err)
+	}
+	at := now.Add(-time.Second)
+	if err := h.PublishAt(ctx, "room", []byte("x"), at); err != nil {
+		t.Fatal(err)
+	}
+	if s.n != 1 || !s.m.At.Equal(at) {
+		t.Fatalf("%d deliveries, At %v: want one at %v", s.n, s.m.At, at)
+	}
+	if err := h.PublishAt(ctx, "room", []byte("y"), time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if s.n != 2 || !s.m.At.Equal(now) {
+		t.Fatalf("%d deliveries, At %v: want a second one at the clock's %v", s.n, s.m.At, now)
+	}
+}
+
 func TestHub_Publish_Allocs(t *testing.T) {
 	h := newHub(t, fanout.HubConfig{})
 	ctx := context.Background()
@@ -101,6 +127,15 @@ func TestHub_Publish_Allocs(t *testing.T) {
 		})
 		if allocs > tc.max {
 			t.Errorf("Publish to %q: %v allocs, want <= %v", tc.topic, allocs, tc.max)
+		}
+		at := time.Now()
+		allocs = testing.AllocsPerRun(100, func() {
+			if err := h.PublishAt(ctx, tc.topic, data, at); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if allocs > tc.max {
+			t.Errorf("PublishAt to %q: %v allocs, want <= %v", tc.topic, allocs, tc.max)
 		}
 	}
 }

@@ -11,7 +11,7 @@ import (
 type Message struct {
 	Topic string
 	Data  []byte
-	At    time.Time // when Publish was called (HubConfig.Now for the Hub)
+	At    time.Time // when Publish was called (HubConfig.Now for the Hub), or the time given to PublishAt
 }
 
 // Subscriber receives the messages of the topics it is subscribed to.
@@ -50,4 +50,14 @@ type Transport interface {
 	Publish(ctx context.Context, topic string, data []byte) error
 	Subscribe(ctx context.Context, topic string, s Subscriber) error
 	Unsubscribe(ctx context.Context, topic string, s Subscriber) error
+}
+
+// AtPublisher is an optional capability of a [Transport], found by type
+// assertion: PublishAt is Publish with the [Message.At] its subscribers
+// get set to at, for a message published before it reached the transport
+// (the gateway hands a persisted topic's records over when it reads them
+// back from its log). A zero at means now, as for Publish. [Hub]
+// implements it.
+type AtPublisher interface {
+	PublishAt(ctx context.Context, topic string, data []byte, at time.Time) error
 }

@@ -129,7 +129,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		}),
 		deliveryLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "syncgate_delivery_latency_seconds",
-			Help:    "Per message written that carries patches: time from the publish of its oldest patch until the whole message is in the socket (a write that found the socket full counts when its rest is written).",
+			Help:    "Per message written that carries patches: time from the publish of its oldest patch until the whole message is in the socket (a write that found the socket full counts when its rest is written). A persisted topic's patch counts from its record's publish time (the at of its row, in ms), log write and tailer included; records a resume replays from the log are not observed.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 		}),
 		publishes: prometheus.NewCounter(prometheus.CounterOpts{

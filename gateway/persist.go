@@ -169,16 +169,17 @@ func appendRecord(dst []byte, key string, data json.RawMessage, actorID *string,
 // at} whose id is the record's offset. A record written by a WebSocket
 // publish carries data, actorId and at; any other JSON value (appended by
 // a backend over HTTP) becomes the row's data, with actorId null and at
-// the time the gateway reads it.
-func recordRow(dst []byte, offset string, rec []byte, now int64) []byte {
-	data, actorID, at, ok := publishRecord(rec)
+// the time the gateway reads it (now). It also returns the record's own
+// at (its publish time, Unix ms), or 0 if it has none and the row took now.
+func recordRow(dst []byte, offset string, rec []byte, now int64) (row []byte, at int64) {
+	data, actorID, recAt, ok := publishRecord(rec)
 	switch {
 	case !ok:
-		return appendRow(dst, offset, rec, nil, now)
-	case at == nil:
-		return appendRow(dst, offset, data, actorID, now)
+		return appendRow(dst, offset, rec, nil, now), 0
+	case recAt == nil:
+		return appendRow(dst, offset, data, actorID, now), 0
 	}
-	return appendRow(dst, offset, data, actorID, *at)
+	return appendRow(dst, offset, data, actorID, *recAt), *recAt
 }
 
 // publishRecord reads rec as a WebSocket publish's record: a JSON object
@@ -608,10 +609,13 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 			} else {
 				// Each body is handed to the transport, which keeps it
 				// in session queues: a fresh slice per record.
+				var at int64
 				body = frames.AppendInsertBody(make([]byte, 0, len(r.Data)+160), r.Offset, func(dst []byte) []byte {
-					return recordRow(dst, r.Offset, r.Data, now)
+					var row []byte
+					row, at = recordRow(dst, r.Offset, r.Data, now)
+					return row
 				})
-				if err := srv.transport.Publish(ctx, t.topic, body); err != nil {
+				if err := srv.publishRecordBody(ctx, t.topic, body, at, now); err != nil {
 					log.Warn("persisted topic: fanout failed", "offset", r.Offset, "err", err)
 				}
 			}
@@ -621,6 +625,23 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 		mu.Unlock()
 		after = res.Next
 	}
+}
+
+// publishRecordBody hands a persisted topic's record, encoded as an
+// insert patch's body, to the transport. Its delivery latency
+// (syncgate_delivery_latency_seconds, observed when a session writes it)
+// counts from at, the record's publish time (Unix ms): the time a
+// WebSocket publish was accepted, so that the log write and the tailer's
+// wait to read it back are in it, as they are in its subscribers' wait.
+// A record without one (at 0: a message appended over HTTP without an
+// at), or with one after now (the tailer's read, Unix ms: another clock,
+// or a backend's value), counts from its hand-over, as does any record
+// when the transport cannot take a publish time.
+func (srv *Server) publishRecordBody(ctx context.Context, topic string, body []byte, at, now int64) error {
+	if at <= 0 || at > now || srv.publishAt == nil {
+		return srv.transport.Publish(ctx, topic, body)
+	}
+	return srv.publishAt.PublishAt(ctx, topic, body, time.UnixMilli(at))
 }
 
 // A log mark is a message the tailer hands to the transport instead of a
@@ -1060,7 +1081,9 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 					break
 				}
 				if len(rec.Data) <= srv.maxRow() && validRecord(rec.Data) { // as the tailer skips
-					row := recordRow(nil, rec.Offset, rec.Data, now)
+					// Not observed as delivery latency (the item has no
+					// publish time): a replay is old by design.
+					row, _ := recordRow(nil, rec.Offset, rec.Data, now)
 					ops = append(ops, frames.PatchOp{Op: frames.PatchInsert, ID: rec.Offset, LSN: rec.Offset, Row: row})
 					if size += len(row); (len(ops) == replayFrameOps || size >= frameBytes) && !flush() {
 						return

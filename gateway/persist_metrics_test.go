@@ -1,11 +1,14 @@
 package gateway_test
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/syncgate/syncgate/gateway"
 	"github.com/syncgate/syncgate/internal/gwtest"
 	"github.com/syncgate/syncgate/storage"
 )
@@ -165,5 +168,108 @@ func TestPersisted_RetryTheLogAnswersCountsNoPublish(t *testing.T) {
 	}
 	if got := publishesOf(t, n); got != 1 {
 		t.Fatalf("syncgate_publishes_total %v after a new publish, want 1", got)
+	}
+}
+
+// deliveryLatency waits until srv has observed count deliveries in
+// syncgate_delivery_latency_seconds, fails the test if it has observed
+// more, and returns their sum in seconds.
+func deliveryLatency(t *testing.T, srv *testServer, count float64) float64 {
+	t.Helper()
+	var m string
+	gwtest.Eventually(t, gwtest.Timeout, fmt.Sprintf("%v deliveries observed", count), func() bool {
+		m = scrape(t, srv.ts.URL)
+		return metricValue(t, m, "syncgate_delivery_latency_seconds_count") >= count
+	})
+	if got := metricValue(t, m, "syncgate_delivery_latency_seconds_count"); got != count {
+		t.Fatalf("%v deliveries observed, want %v", got, count)
+	}
+	return metricValue(t, m, "syncgate_delivery_latency_seconds_sum")
+}
+
+// A persisted topic's record is observed in
+// syncgate_delivery_latency_seconds from its publish, the time its row
+// carries (at), not from when the topic's tailer read it back from the
+// log: the log write and the tailer's wait are in it, as they are in its
+// subscribers' wait. On a clock that moves only when told, moved a second
+// while the tailer is held before its read, the record's latency is that
+// second (it was 0: the clock started when the tailer handed the record
+// to the fanout). A message appended over HTTP in a publish's form gives
+// its own at; one whose at is after the tailer's read counts from the
+// read, never below 0.
+func TestPersisted_DeliveryLatencyFromThePublish(t *testing.T) {
+	t.Parallel()
+	// A whole millisecond: a row's at is in milliseconds.
+	clock := &fakeClock{t: time.UnixMilli(time.Now().UnixMilli())}
+	var log *gatedLog
+	_, srv := startWrappedNode(t, nil, func(db *storage.DB) gateway.StreamLog {
+		log = &gatedLog{DB: db, open: make(chan struct{})}
+		return log
+	}, func(c *gateway.Config) { c.Now = clock.Now })
+	const topic = "chat:latency"
+	sub := gwtest.Dial(t, srv.url, nil)
+	sub.Hello("", 0)
+	sub.Subscribe("s", topic)
+	pub := gwtest.Dial(t, srv.url, nil)
+	pub.Hello("", 0)
+	if ack := pub.Publish("k0", 0, topic, `{"n":0}`); ack.Error != nil {
+		t.Fatalf("publish: %+v", ack.Error)
+	}
+	expectMade(t, sub, "s") // the tailer took the new stream; its wait for the record is held
+	clock.Advance(time.Second)
+	close(log.open)
+	collect(t, sub, "s", 1)
+	if sum := deliveryLatency(t, srv, 1); sum != 1 {
+		t.Fatalf("a publish the tailer read a second later: latency %v s, want 1", sum)
+	}
+
+	post := func(body string) {
+		t.Helper()
+		if code, b := httpDo(t, http.MethodPost, srv.ts.URL+"/v1/stream/"+topic, "", "application/json", body); code != http.StatusNoContent {
+			t.Fatalf("POST %s: %d %s", body, code, b)
+		}
+		collect(t, sub, "s", 1)
+	}
+	post(fmt.Sprintf(`{"data":1,"at":%d}`, clock.Now().Add(-250*time.Millisecond).UnixMilli()))
+	if sum := deliveryLatency(t, srv, 2); sum != 1.25 {
+		t.Fatalf("latency sum %v s after an HTTP message whose at is a quarter second old, want 1.25", sum)
+	}
+	post(fmt.Sprintf(`{"data":2,"at":%d}`, clock.Now().Add(time.Hour).UnixMilli()))
+	if sum := deliveryLatency(t, srv, 3); sum != 1.25 {
+		t.Fatalf("latency sum %v s after an HTTP message whose at is ahead of the clock, want 1.25 (it counts 0)", sum)
+	}
+}
+
+// Records a resume replays from the log are not deliveries of a publish:
+// they are old by design, and syncgate_delivery_latency_seconds does not
+// observe them. A live record after the replay is observed.
+func TestPersisted_ReplayIsNoDeliveryLatency(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{t: time.UnixMilli(time.Now().UnixMilli())}
+	n := startPersistNodeWith(t, t.TempDir(), nil, func(c *gateway.Config) { c.Now = clock.Now })
+	const topic = "chat:replayed"
+	pub := gwtest.Dial(t, n.url, nil)
+	pub.Hello("", 0)
+	for i := range 3 {
+		if ack := pub.Publish(fmt.Sprintf("k%d", i), int64(i), topic, `1`); ack.Error != nil {
+			t.Fatalf("publish %d: %+v", i, ack.Error)
+		}
+	}
+	clock.Advance(time.Hour)
+	c := gwtest.Dial(t, n.url, nil)
+	c.Hello("", 0)
+	resume(t, c, "r", topic, storage.ZeroOffset)
+	collect(t, c, "r", 3)
+	if ack := pub.Publish("k3", 3, topic, `1`); ack.Error != nil {
+		t.Fatalf("live publish: %+v", ack.Error)
+	}
+	collect(t, c, "r", 1)
+	// Written in order by the session's one writer: the replayed frames'
+	// observations, had there been any, came before the live one's.
+	if sum := deliveryLatency(t, n.testServer, 1); sum != 0 {
+		t.Fatalf("latency sum %v s, want 0: only the live record, on a still clock", sum)
+	}
+	if got := metricValue(t, n.scrape(t), "syncgate_replayed_records_total"); got != 3 {
+		t.Fatalf("syncgate_replayed_records_total %v, want 3", got)
 	}
 }

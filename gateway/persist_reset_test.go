@@ -45,15 +45,20 @@ func waitMetric(t *testing.T, n *persistNode, want string) {
 }
 
 // startWrappedNode starts a gateway persisting chat:* on a bbolt log in a
-// temp dir, seen through wrap (a log that holds or watches the tailer).
-func startWrappedNode(t *testing.T, opts *storage.Options, wrap func(*storage.DB) gateway.StreamLog) (*storage.DB, *testServer) {
+// temp dir, seen through wrap (a log that holds or watches the tailer);
+// tweak, if any, adjusts the gateway's configuration.
+func startWrappedNode(t *testing.T, opts *storage.Options, wrap func(*storage.DB) gateway.StreamLog, tweak ...func(*gateway.Config)) (*storage.DB, *testServer) {
 	t.Helper()
 	db, err := storage.Open(filepath.Join(t.TempDir(), "log.db"), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
-	gw, err := gateway.New(gateway.Config{Log: wrap(db), Persist: []string{"chat:*"}})
+	cfg := gateway.Config{Log: wrap(db), Persist: []string{"chat:*"}}
+	for _, f := range tweak {
+		f(&cfg)
+	}
+	gw, err := gateway.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,8 @@ type Server struct {
 	cfg       Config
 	log       *slog.Logger
 	transport fanout.Transport
-	ownsHub   *fanout.Hub // closed by Shutdown when New made it
+	publishAt fanout.AtPublisher // transport, if it can take a message's publish time (persist.go tail); else nil
+	ownsHub   *fanout.Hub        // closed by Shutdown when New made it
 	metrics   *metrics
 	handler   http.Handler
 	seq       *sequencer
@@ -125,6 +126,7 @@ func New(cfg Config) (*Server, error) {
 		s.ownsHub = fanout.NewHub(fanout.HubConfig{Now: cfg.Now})
 		s.transport = s.ownsHub
 	}
+	s.publishAt, _ = s.transport.(fanout.AtPublisher)
 	reg := cfg.Registry
 	if reg == nil {
 		reg = newRegistry()
