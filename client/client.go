@@ -250,10 +250,12 @@ type Client struct {
 
 	// sendMu is the send lock: a one-slot channel so that waiting for it
 	// honours ctx. It orders mutates (their seqs) and subscribes across
-	// connections, and is held while a new connection takes over.
+	// connections, and is held while a new connection takes over, but
+	// not while the take-over waits for the old one's acks (see hold).
 	sendMu chan struct{}
 	// Guarded by sendMu; written under mu too, so either lock reads it.
-	seq int64 // seq of the next mutate
+	seq  int64       // seq of the next mutate
+	hold *mutateHold // non-nil while a take-over waits for the old connection's acks
 
 	mu sync.Mutex
 	// Guarded by mu.
@@ -261,8 +263,7 @@ type Client struct {
 	last    *conn                    // the latest connection that was current
 	live    map[*conn]struct{}       // connections whose read loop runs
 	subs    map[string]*Subscription // by sid
-	mutates map[string]*mutation     // sent and not yet acknowledged, by key
-	idle    chan struct{}            // if non-nil, closed when mutates becomes empty
+	mutates map[string]*mutation     // sent (or held) and not yet acknowledged, by key
 	nextSID int64
 	err     error // why the Client ended; set once, before done is closed
 }
@@ -496,10 +497,6 @@ func (c *Client) shutdown(err error) {
 	c.mutates = nil
 	c.subs = nil
 	c.cur = nil
-	if c.idle != nil {
-		close(c.idle)
-		c.idle = nil
-	}
 	c.mu.Unlock()
 
 	// Fail waiters in seq order, as their acks would have arrived.

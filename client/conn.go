@@ -333,11 +333,7 @@ func (cn *conn) handleFrameAck(f *frames.Ack) {
 		return
 	}
 	if ok {
-		delete(c.mutates, f.Ref)
-		if len(c.mutates) == 0 && c.idle != nil {
-			close(c.idle)
-			c.idle = nil
-		}
+		c.deleteMutationLocked(m)
 	}
 	c.mu.Unlock()
 	switch {

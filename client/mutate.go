@@ -40,6 +40,12 @@ func (c *Client) Publish(ctx context.Context, topic string, data json.RawMessage
 // first). If PublishAsync returns an error, done is never called. done must
 // not block for long (see the package doc).
 //
+// With [Options.Reconnect], while there is no connection or a take-over
+// waits for the old connection's acks (see the package doc,
+// Reconnecting), PublishAsync returns once the mutate is recorded, without
+// waiting for either: it is sent, in seq order, once a connection can
+// take it, and done is called as above.
+//
 // ctx bounds only the wait for the send lock and for room in the write
 // queue (see [Options.BatchBytes]); a PublishAsync that fails on ctx used
 // no seq and sent nothing. PublishAsync may be called from many goroutines;
@@ -125,14 +131,21 @@ const mutateRoom = 64
 //
 // With Reconnect a connection whose writes have stopped, or no
 // connection, is not an error: the mutation is re-sent on the next
-// connection.
+// connection. Nor is a take-over waiting for the old connection's acks:
+// the mutation is recorded but held, neither sent nor waited for, and the
+// take-over sends it (see takeOver).
 func (c *Client) sendMutate(ctx context.Context, encode func(key string, seq int64) ([]byte, error), fn func(*frames.Ack, error)) (*mutation, error) {
 	if err := c.lockSend(ctx); err != nil {
 		return nil, err
 	}
 	defer c.unlockSend()
-	if err := c.waitSendSpace(ctx); err != nil {
-		return nil, err // nothing recorded, the seq not used
+	c.mu.Lock()
+	held := c.hold != nil // set and cleared under the send lock: it stays
+	c.mu.Unlock()
+	if !held {
+		if err := c.waitSendSpace(ctx); err != nil {
+			return nil, err // nothing recorded, the seq not used
+		}
 	}
 
 	seq := c.seq
@@ -158,13 +171,16 @@ func (c *Client) sendMutate(ctx context.Context, encode func(key string, seq int
 		c.mu.Unlock()
 		return nil, c.lastConn().endErr()
 	}
+	if held {
+		cn = nil // the take-over sends it after the old connection's answers
+	}
 	c.mutates[key] = m
 	// From here the seq counts as sent: a failed write ends the connection.
 	// (Under mu too, so that hello can read it: see Client.hello.)
 	c.seq++
 	c.mu.Unlock()
 	if cn == nil {
-		return m, nil // queued until a connection takes over
+		return m, nil // queued until a connection takes over (or the hold ends)
 	}
 	err = cn.post(msg)
 	if err != nil && !c.opts.Reconnect && c.takeMutation(m) {
@@ -194,12 +210,20 @@ func (c *Client) takeMutation(m *mutation) bool {
 	if c.mutates[m.key] != m {
 		return false
 	}
-	delete(c.mutates, m.key)
-	if len(c.mutates) == 0 && c.idle != nil {
-		close(c.idle)
-		c.idle = nil
-	}
+	c.deleteMutationLocked(m)
 	return true
+}
+
+// deleteMutationLocked forgets m, answered or taken back, and counts it
+// off the take-over waiting for it, if any. Caller holds c.mu.
+func (c *Client) deleteMutationLocked(m *mutation) {
+	delete(c.mutates, m.key)
+	if h := c.hold; h != nil && m.seq < h.seq && h.left > 0 {
+		h.left--
+		if h.left == 0 {
+			close(h.answered)
+		}
+	}
 }
 
 // abandonMutation detaches the caller from m, which stays recorded (its

@@ -17,7 +17,8 @@ import (
 // takeOverWait bounds two waits of a take-over (make-before-break): for the
 // old connection's in-flight mutates to be acknowledged before the new
 // connection takes them, and for the new connection's resubscribe
-// snapshots before the old connection is closed.
+// snapshots before the old connection is closed. Neither holds the send
+// lock.
 const takeOverWait = 10 * time.Second
 
 // EventKind says what an [Event] reports.
@@ -230,7 +231,8 @@ func (c *Client) supervise(ctx context.Context, cur *conn) {
 // previous current connection, possibly ended) keeps delivering while next
 // resubscribes every subscription from its cursor; in-flight mutates get
 // their acks on old, or are re-sent on next in seq order if old ends
-// first. old is closed once every subscription is live on next; if next
+// first, and mutates made while it waits for those acks are held and sent
+// after them. old is closed once every subscription is live on next; if next
 // ends first, old is left delivering (its writes stopped) and closed by
 // the next take-over that succeeds. It reports whether next became
 // current; if not, next has ended (or the Client is closing).
@@ -243,11 +245,33 @@ func (c *Client) takeOver(ctx context.Context, old, next *conn, resumed Event) b
 	}
 	// Let old answer what it was sent: a mutate re-sent elsewhere would
 	// be applied twice where the two nodes do not share a producer table.
-	c.waitMutates(ctx, old, next)
+	// Not under the send lock: a patch handler on old's read loop that
+	// publishes would wait for the lock while the acks waited for queue
+	// up unread behind it, and only takeOverWait would end the wait.
+	// Mutates made meanwhile take their seqs in order but are held,
+	// neither sent nor waited for (sendMutate): sent on old they would
+	// be in flight there again, and re-sent on next too. Below, under
+	// the send lock again, they go to next after old's unanswered ones,
+	// in seq order, as mutates made while disconnected do; or, if next
+	// fails first, to old, which stays current, after what it was sent.
+	// Subscribes and drops meanwhile go to old, as before a take-over
+	// (one sent there is carried over to next below).
+	h := c.holdMutates(old)
+	if h != nil {
+		c.unlockSend()
+		h.wait(ctx, old, next)
+		if c.lockSend(ctx) != nil {
+			// The Client is closing (ctx is the supervisor's): what
+			// is held fails with it.
+			next.closeNow()
+			return false
+		}
+	}
 
 	rg := &resumeGroup{done: make(chan struct{})}
 	var adds []*Subscription
 	c.mu.Lock()
+	c.hold = nil // under the send lock until it is released below
 	for _, s := range c.subs {
 		if s.abandoned || s.dropping {
 			continue
@@ -307,7 +331,25 @@ func (c *Client) takeOver(ctx context.Context, old, next *conn, resumed Event) b
 			}
 		}
 	}
+	var held [][]byte
+	cur := c.cur
+	if !ok && h != nil && cur != nil {
+		// old stays current: what was held goes there, after what old
+		// was sent and before any later mutate (the send lock is still
+		// held). Held mutates next answered before it ended are done
+		// with.
+		for _, m := range ms {
+			if m.seq >= h.seq && c.mutates[m.key] == m {
+				held = append(held, m.msg)
+			}
+		}
+	}
 	c.mu.Unlock()
+	for _, msg := range held {
+		if cur.post(msg) != nil {
+			break // old has ended too: they go to the next connection
+		}
+	}
 	c.unlockSend()
 	if !ok {
 		next.closeNow()
@@ -353,23 +395,37 @@ func (c *Client) takeOver(ctx context.Context, old, next *conn, resumed Event) b
 	return true
 }
 
-// waitMutates waits, bounded, until no mutate is unacknowledged, while old
-// is up. Caller holds the send lock, so no new ones start.
-func (c *Client) waitMutates(ctx context.Context, old, next *conn) {
+// mutateHold is a take-over's wait for the old connection to answer the
+// mutates it was sent; meanwhile new mutates are held (see takeOver).
+// Guarded by c.mu.
+type mutateHold struct {
+	seq      int64         // the first seq held: every one below it was sent on old
+	left     int           // of those, how many are unanswered
+	answered chan struct{} // closed when left reaches 0
+}
+
+// holdMutates starts holding new mutates while old answers its unanswered
+// ones, and returns the hold; nil (no hold) if old has ended or has none.
+// Caller holds the send lock.
+func (c *Client) holdMutates(old *conn) *mutateHold {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if len(c.mutates) == 0 || old == nil || old.err != nil {
-		c.mu.Unlock()
-		return
+		return nil
 	}
-	if c.idle == nil {
-		c.idle = make(chan struct{})
-	}
-	idle := c.idle
-	c.mu.Unlock()
+	// Every mutate recorded has a lower seq, and old, current, was sent
+	// all of them (or a take-over re-sent them there).
+	c.hold = &mutateHold{seq: c.seq, left: len(c.mutates), answered: make(chan struct{})}
+	return c.hold
+}
+
+// wait waits, bounded by takeOverWait, until old has answered every
+// mutate sent before the hold, or old or next ends, or ctx does.
+func (h *mutateHold) wait(ctx context.Context, old, next *conn) {
 	t := time.NewTimer(takeOverWait)
 	defer t.Stop()
 	select {
-	case <-idle:
+	case <-h.answered:
 	case <-old.done:
 	case <-next.done:
 	case <-t.C:

@@ -1,0 +1,4 @@
+package client
+
+// TakeOverWaitForTest is takeOverWait, for the external tests' bounds.
+const TakeOverWaitForTest = takeOverWait

@@ -1,0 +1,144 @@
+package client_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/syncgate/syncgate/client"
+	"github.com/syncgate/syncgate/frames"
+)
+
+// A take-over first waits (up to takeOverWait) for the old connection to
+// answer the mutates it was sent. These tests drive that wait with the
+// scripted server (reset_test.go), which answers only when told.
+
+// A patch handler that publishes while a take-over waits for the old
+// connection's acks must not wait for the take-over. The handler runs on
+// the old connection's read loop, and the ack the take-over waits for is
+// read only after the handler returns: a publish that waited for the
+// take-over would wait until takeOverWait ended it.
+func TestReconnect_TakeOver_PublishFromHandler(t *testing.T) {
+	ctx, rec, c, s, sc1 := startScripted(t)
+	type result struct {
+		took time.Duration
+		err  error
+	}
+	published := make(chan result, 1)
+	acked := make(chan error, 2)
+	sub := subscribeScripted(t, ctx, c, sc1, func(*frames.Patch) {
+		start := time.Now()
+		err := c.PublishAsync(ctx, "p:t", json.RawMessage(`2`), func(_ string, err error) { acked <- err })
+		published <- result{time.Since(start), err}
+	})
+	sid := sub.SID()
+
+	// m0 is in flight on the old connection when the take-over starts.
+	noErr(t, c.PublishAsync(ctx, "p:t", json.RawMessage(`1`), func(_ string, err error) { acked <- err }))
+	m0 := expect[*frames.Mutate](t, sc1)
+	sc1.send(t, &frames.Reconnect{AfterMs: 0, Reason: frames.ReasonDrain})
+	sc2 := s.next(t)
+	waitEvents(t, rec, client.EventConnected, 1) // the take-over begins: it waits for m0's ack
+
+	// The patch runs the handler; m0's ack is read after it returns.
+	sc1.send(t, insert(sid, 1, "x"), &frames.Ack{Ref: m0.Key})
+	bound := client.TakeOverWaitForTest / 2
+	select {
+	case r := <-published:
+		noErr(t, r.err)
+		if r.took > bound {
+			t.Fatalf("PublishAsync in a patch handler took %v during a take-over", r.took)
+		}
+	case <-time.After(bound):
+		t.Fatalf("PublishAsync in a patch handler still waiting after %v of a take-over", bound)
+	}
+
+	// The take-over goes on once m0 is answered: the resubscribe on sc2,
+	// then the handler's mutate m1, held meanwhile and sent there only.
+	// (Had the handler's publish taken the send lock before the
+	// take-over did, m1 went out on sc1, and the take-over waits for its
+	// ack there too.)
+	var add *frames.Subscribe
+	var m1 *frames.Mutate
+	deadline := time.After(10 * time.Second)
+	for add == nil {
+		select {
+		case f := <-sc1.in:
+			m, ok := f.(*frames.Mutate)
+			if !ok || m1 != nil {
+				t.Fatalf("old connection got %T %+v", f, f)
+			}
+			m1 = m
+			sc1.send(t, &frames.Ack{Ref: m1.Key})
+		case f := <-sc2.in:
+			var ok bool
+			if add, ok = f.(*frames.Subscribe); !ok {
+				t.Fatalf("new connection got %T %+v before the resubscribe", f, f)
+			}
+		case <-deadline:
+			t.Fatal("no resubscribe on the new connection")
+		}
+	}
+	if m1 == nil {
+		m1 = expect[*frames.Mutate](t, sc2) // m0, answered on sc1, is not re-sent
+		sc2.send(t, &frames.Ack{Ref: m1.Key})
+	}
+	equal(t, "handler's mutate seq", m1.Seq, m0.Seq+1)
+	sc2.send(t, &frames.Ack{Ref: sid}, topicSnapshot(sid, 1, "log:a"))
+	noErr(t, recv(t, ctx, acked))
+	noErr(t, recv(t, ctx, acked))
+	waitEvents(t, rec, client.EventResumed, 1)
+}
+
+// A take-over whose new connection ends while it waits for the old one's
+// acks leaves the old one current: what was published meanwhile (held,
+// not waiting) goes out there after what it was sent, in seq order.
+func TestReconnect_TakeOver_FailsWhileWaiting(t *testing.T) {
+	s := newScripted(t)
+	ctx := testCtx(t)
+	rec := newRecorder()
+	o := rec.options()
+	// The scheduled reconnect goes at once; the backoff after the failed
+	// take-over waits until the test ends.
+	o.Rand = func(n int64) int64 { return n - 1 }
+	o.Sleep = func(ctx context.Context, d time.Duration) error {
+		if d > 0 {
+			<-ctx.Done()
+		}
+		return ctx.Err()
+	}
+	c, err := client.Dial(ctx, s.url(), o)
+	noErr(t, err)
+	t.Cleanup(func() { c.Close() })
+	sc1 := s.next(t)
+
+	acked := make(chan error, 3)
+	done := func(_ string, err error) { acked <- err }
+	noErr(t, c.PublishAsync(ctx, "p:t", json.RawMessage(`0`), done))
+	m0 := expect[*frames.Mutate](t, sc1)
+	sc1.send(t, &frames.Reconnect{AfterMs: 0, Reason: frames.ReasonDrain})
+	sc2 := s.next(t)
+	waitEvents(t, rec, client.EventConnected, 1) // the take-over waits for m0's ack
+
+	bound := client.TakeOverWaitForTest / 2
+	pctx, cancel := context.WithTimeout(ctx, bound) // bounds only the wait to send
+	defer cancel()
+	start := time.Now()
+	err = c.PublishAsync(pctx, "p:t", json.RawMessage(`1`), done)
+	if took := time.Since(start); err != nil || took > bound {
+		t.Fatalf("PublishAsync during a take-over: %v after %v", err, took)
+	}
+	sc2.ws.CloseNow() // before the take-over is done waiting
+	waitEvents(t, rec, client.EventDialFailed, 1)
+
+	m1 := expect[*frames.Mutate](t, sc1)
+	equal(t, "seq on the old connection", m1.Seq, m0.Seq+1)
+	noErr(t, c.PublishAsync(ctx, "p:t", json.RawMessage(`2`), done))
+	m2 := expect[*frames.Mutate](t, sc1)
+	equal(t, "next seq on the old connection", m2.Seq, m0.Seq+2)
+	sc1.send(t, &frames.Ack{Ref: m0.Key}, &frames.Ack{Ref: m1.Key}, &frames.Ack{Ref: m2.Key})
+	for range 3 {
+		noErr(t, recv(t, ctx, acked))
+	}
+}
