@@ -54,7 +54,8 @@
 // the close frame waits behind what it did not read). A callback must
 // return for Close to return, and must not call Close, Publish, Mutate,
 // Subscribe or Drop on its own Client: they wait for the read goroutine,
-// which is busy running the callback. PublishAsync and Send are safe.
+// which is busy running the callback. PublishAsync and Send are safe (also
+// while a take-over waits for this connection's acks: see Reconnecting).
 //
 // # Errors
 //
@@ -98,8 +99,18 @@
 //     and seq, in seq order, before any new one: the server dedupes by
 //     (clientId, epoch, seq), so nothing acknowledged is lost and nothing
 //     is applied twice. Before a planned take-over the Client first lets
-//     the old connection acknowledge what it was sent (bounded wait), so
-//     the new node only gets what the old one never answered.
+//     the old connection acknowledge what it was sent (bounded wait, 10 s),
+//     so the new node only gets what the old one never answered. That
+//     wait holds up no caller: a mutate made meanwhile (Publish,
+//     PublishAsync or Mutate; a PublishAsync in a patch handler too)
+//     takes the next seq and is held, not sent on the old connection (it
+//     would be in flight there as well as re-sent); it goes out on the
+//     new connection after the old one's unanswered mutates, in seq
+//     order, and is answered there (a Publish waits for that). If the new
+//     connection ends before it takes over, what was held goes on the old
+//     one, which stays current, after what it was sent. Subscribe and
+//     Drop meanwhile go to the old connection, and the take-over carries
+//     a new subscription over like any other.
 //   - Patches keep arriving on the same [Subscription] (handler or Patches
 //     channel). A patch whose lsn is at or before the subscription's
 //     cursor is dropped ([Subscription.Duplicates]): during a take-over
