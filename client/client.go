@@ -380,8 +380,11 @@ func (c *Client) Err() error {
 // Close closes the connection (every connection, with Reconnect, all at
 // once) with 1000 (normal closure) and returns once the Client's
 // goroutines have exited, which waits for a running callback to return.
-// Frames queued before Close (such as PublishAsync calls that have
-// returned) are written first, for at most [Options.WriteTimeout]; then
+// Frames queued on a connection before Close (such as PublishAsync calls
+// that have returned) are written first, for at most
+// [Options.WriteTimeout]; mutates only recorded, with Reconnect, while
+// there was no connection or a take-over held them (see the package doc,
+// Reconnecting) were never queued, and fail with net.ErrClosed. Then
 // the close handshake waits for the server's close frame, which
 // coder/websocket bounds at 5 s (a server that never answers it makes
 // Close take that long, and without Reconnect return its error). Calls
