@@ -200,7 +200,7 @@ func (s *Server) authorizeStream(h http.Header, r *http.Request, name string) (*
 	case http.MethodPut:
 		needs = append(needs, need{auth.Manage, name})
 		if src := r.Header.Get("Stream-Forked-From"); src != "" {
-			if from, err := forkSource(src); err == nil { // a malformed one is serveCreate's 400
+			if from, err := forkSource(src, r.Host); err == nil { // a malformed one is serveCreate's 400
 				needs = append(needs, need{auth.Subscribe, from})
 			}
 		}

@@ -676,6 +676,23 @@ func TestStreamHTTP_Fork(t *testing.T) {
 	s.do(t, "GET", "/v1/stream/fork", nil, "").want(t, 200).wantBody(t, "hello world!")
 }
 
+// TestStreamHTTP_ForkSourceURL: Stream-Forked-From may be the source's
+// absolute URL on this server (as a 201's Location gives it); one naming
+// another host is refused 400 and makes nothing. It was taken for the
+// stream of the same path here.
+func TestStreamHTTP_ForkSourceURL(t *testing.T) {
+	t.Parallel()
+	s := newStreamServer(t, gateway.Config{})
+	loc := s.do(t, "PUT", "/v1/stream/src", hdr("Content-Type", "text/plain"), "hello").want(t, 201).header.Get("Location")
+	s.do(t, "PUT", "/v1/stream/fork", hdr("Stream-Forked-From", loc), "").want(t, 201)
+	s.do(t, "GET", "/v1/stream/fork", nil, "").want(t, 200).wantBody(t, "hello")
+	r := s.do(t, "PUT", "/v1/stream/elsewhere", hdr("Stream-Forked-From", "http://other.example:8080/v1/stream/src"), "").want(t, 400)
+	if !strings.Contains(r.body, "another server") {
+		t.Fatalf("fork of another host's stream: %q, want it named", r.body)
+	}
+	s.do(t, "HEAD", "/v1/stream/elsewhere", nil, "").want(t, 404)
+}
+
 // TestStreamHTTP_ForkDepth: a fork of a source already
 // storage.MaxForkDepth forks deep is refused 400, with a message that
 // names the bound and what to do instead, and creates nothing.

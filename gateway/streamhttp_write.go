@@ -48,7 +48,7 @@ var decimalRe = regexp.MustCompile(`^(0|[1-9][0-9]*)$`)
 // finds it with the same configuration (200), or refuses (409).
 func (s *Server) serveCreate(w http.ResponseWriter, r *http.Request, name string, id *auth.Identity) {
 	ctx := r.Context()
-	opts, err := s.parseCreateHeaders(r.Header)
+	opts, err := s.parseCreateHeaders(r.Header, r.Host)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -155,8 +155,8 @@ func forkSourceError(err error) error {
 }
 
 // parseCreateHeaders validates a PUT's headers into create options
-// (without records).
-func (s *Server) parseCreateHeaders(h http.Header) (storage.CreateOptions, error) {
+// (without records); host is the request's (see forkSource).
+func (s *Server) parseCreateHeaders(h http.Header, host string) (storage.CreateOptions, error) {
 	o := storage.CreateOptions{Closed: headerTrue(h, hdrClosed)}
 	var err error
 	if o.ContentType, err = contentType(h); err != nil {
@@ -200,7 +200,7 @@ func (s *Server) parseCreateHeaders(h http.Header) (storage.CreateOptions, error
 		}
 		return o, nil
 	}
-	if o.ForkFrom, err = forkSource(from[0]); err != nil {
+	if o.ForkFrom, err = forkSource(from[0], host); err != nil {
 		return o, err
 	}
 	if hasOff {
@@ -221,10 +221,16 @@ func (s *Server) parseCreateHeaders(h http.Header) (storage.CreateOptions, error
 }
 
 // forkSource returns the stream a Stream-Forked-From value names: its
-// path (/v1/stream/<name>) or an absolute URL with that path.
-func forkSource(v string) (string, error) {
+// path (/v1/stream/<name>) or an absolute URL with that path on this
+// server (host: the request's Host, as the Location of a 201 gives it).
+// A URL naming another host is refused rather than taken for the stream
+// of the same path here.
+func forkSource(v, host string) (string, error) {
 	u, err := url.Parse(v)
 	if err == nil {
+		if u.Host != "" && !strings.EqualFold(u.Host, host) {
+			return "", badRequest("Stream-Forked-From %.80q names another server than this one (%.60s): a fork's source must be a stream of this server; give its path, e.g. %ssource", v, host, streamPrefix)
+		}
 		var name string
 		if name, err = streamName(u.EscapedPath()); err == nil {
 			return name, nil
