@@ -47,6 +47,11 @@ func drainPlan(n int, spread time.Duration, rnd *rand.Rand) []time.Duration {
 
 // drainRun is one drain. Its fields are static except as noted.
 type drainRun struct {
+	// start is when the drain began, on the real clock, not Config.Now:
+	// the drain waits on real timers (its slots, its deadline), so the
+	// time it counts against them must be real too. An injected clock that
+	// stands still (or runs at its own pace) would otherwise count every
+	// slot from the start again after the one before.
 	start   time.Time
 	n       int           // sessions connected when it began
 	idle    chan struct{} // closed when no session is left
@@ -87,7 +92,7 @@ func (s *Server) Drain(ctx context.Context) error {
 	if s.cfg.DrainSpread > 0 {
 		limit += s.cfg.DrainSpread
 	}
-	t := time.NewTimer(limit - s.cfg.Now().Sub(d.start))
+	t := time.NewTimer(limit - time.Since(d.start))
 	defer t.Stop()
 	var err error
 	select {
@@ -126,7 +131,7 @@ func (s *Server) startDrain() *drainRun {
 		s.mu.Unlock()
 		return d
 	}
-	d := &drainRun{start: s.cfg.Now(), idle: make(chan struct{}), n: len(s.sessions)}
+	d := &drainRun{start: time.Now(), idle: make(chan struct{}), n: len(s.sessions)}
 	if s.cfg.DrainSpread > 0 {
 		d.overlap = min(maxDrainOverlap, s.cfg.DrainGrace/2)
 	}
@@ -175,7 +180,7 @@ func (s *Server) runDrain(d *drainRun, sessions []*session, after []int64) {
 	defer t.Stop()
 	for i, sess := range sessions {
 		at := time.Duration(after[i])*time.Millisecond + d.overlap
-		if wait := at - s.cfg.Now().Sub(d.start); wait > 0 {
+		if wait := at - time.Since(d.start); wait > 0 {
 			t.Reset(wait)
 			select {
 			case <-t.C:

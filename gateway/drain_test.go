@@ -363,3 +363,51 @@ func TestDrain_RefusalWaitsASecondForClose(t *testing.T) {
 		t.Fatalf("shutdown waited out its 4 s for one refusal: %v", err)
 	}
 }
+
+// TestDrain_SlotsKeepTimeWithAnInjectedClock: the drain waits on real
+// timers, so its slots must be timed on the real clock too, whatever
+// Config.Now says. With a clock that stands still (as several tests
+// inject), each slot's wait was counted from the drain's start again
+// after the previous slot's: session k was closed at the sum of the
+// first k slots, and the later ones were cut at the deadline instead of
+// closed with 1012.
+func TestDrain_SlotsKeepTimeWithAnInjectedClock(t *testing.T) {
+	t.Parallel()
+	const (
+		n      = 5
+		spread = 500 * time.Millisecond
+		grace  = 2 * time.Second
+		// overlap is min(1 s, grace/2); slack is what a loaded machine
+		// may add to a close that is on time.
+		overlap = time.Second
+		slack   = time.Second
+	)
+	frozen := time.Unix(1_700_000_000, 0)
+	srv := newTestServer(t, gateway.Config{DrainSpread: spread, DrainGrace: grace,
+		Now: func() time.Time { return frozen }})
+	conns := make([]*gwtest.Conn, n)
+	for i := range conns {
+		conns[i] = gwtest.Dial(t, srv.url, nil)
+		conns[i].Hello("", 0)
+	}
+	results := make([]drained, n)
+	var wg sync.WaitGroup
+	for i, c := range conns {
+		wg.Go(func() { results[i] = watchDrain(c) })
+	}
+	start := time.Now()
+	if err := srv.gw.Drain(t.Context()); err != nil {
+		t.Errorf("drain: %v", err)
+	}
+	wg.Wait()
+	for i, d := range results {
+		if d.code != websocket.StatusServiceRestart || d.gotAt.IsZero() {
+			t.Errorf("session %d (afterMs %d, reconnect frame seen %v): close %d, err %v; want 1012 at its slot",
+				i, d.afterMs, !d.gotAt.IsZero(), d.code, d.err)
+			continue
+		}
+		if late := d.closedAt.Sub(start) - time.Duration(d.afterMs)*time.Millisecond - overlap; late > slack {
+			t.Errorf("session %d: closed %v after its afterMs %d plus the overlap", i, late, d.afterMs)
+		}
+	}
+}
