@@ -74,9 +74,18 @@ type drainAnswer struct {
 }
 
 func (s *Server) serveAdminDrain(w http.ResponseWriter, r *http.Request) {
-	if r.ContentLength > 0 {
-		adminError(w, http.StatusBadRequest, "POST /v1/admin/drain takes no body")
-		return
+	// Content-Length alone does not tell: a chunked body has none (-1).
+	// Look for a first byte (boundBody bounds the wait for it).
+	if r.ContentLength != 0 {
+		n, err := io.ReadFull(r.Body, make([]byte, 1))
+		if n > 0 {
+			adminError(w, http.StatusBadRequest, "POST /v1/admin/drain takes no body")
+			return
+		}
+		if err != nil && !errors.Is(err, io.EOF) {
+			adminError(w, http.StatusBadRequest, "reading the body: "+err.Error())
+			return
+		}
 	}
 	d := s.startDrain()
 	s.reqOnce.Do(func() { close(s.drainReq) })

@@ -167,3 +167,46 @@ func TestAdmin_Build(t *testing.T) {
 		t.Fatalf("build id %q", srv.gw.BuildID())
 	}
 }
+
+// TestAdmin_DrainRefusesAnyBody: POST /v1/admin/drain takes no body, also
+// one of unknown length (chunked), which the check of Content-Length
+// alone let through: such a request drained the node. A chunked request
+// with an empty body is no body.
+func TestAdmin_DrainRefusesAnyBody(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{AdminToken: adminToken})
+	post := func(body string) (int, string) {
+		t.Helper()
+		pr, pw := io.Pipe()
+		go func() {
+			_, _ = io.WriteString(pw, body)
+			_ = pw.Close()
+		}()
+		req, err := http.NewRequest("POST", srv.ts.URL+"/v1/admin/drain", pr) // no length: chunked
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+adminToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := post("now"); code != http.StatusBadRequest || !strings.Contains(body, "takes no body") {
+		t.Errorf("drain with a chunked body: %d %s, want 400", code, body)
+	}
+	select {
+	case <-srv.gw.DrainRequested():
+		t.Fatal("a drain request with a body started a drain")
+	default:
+	}
+	if code := get(t, srv.ts.URL+"/readyz"); code != http.StatusOK {
+		t.Fatalf("readyz after a refused drain: %d", code)
+	}
+	if code, body := post(""); code != http.StatusAccepted {
+		t.Fatalf("drain with an empty chunked body: %d %s, want 202", code, body)
+	}
+}
