@@ -210,3 +210,21 @@ func TestAdmin_DrainRefusesAnyBody(t *testing.T) {
 		t.Fatalf("drain with an empty chunked body: %d %s, want 202", code, body)
 	}
 }
+
+// TestAdmin_TokenWithSpaceRefusedAtNew: the token a client presents is
+// trimmed, so an admin token that starts or ends with whitespace (a
+// newline read from a file or a secret) could never match: New refuses
+// it, as syncgate serve's flag does, instead of serving an admin API that
+// answers every call 401.
+func TestAdmin_TokenWithSpaceRefusedAtNew(t *testing.T) {
+	t.Parallel()
+	for _, tok := range []string{adminToken + "\n", " " + adminToken, adminToken + "\t"} {
+		gw, err := gateway.New(gateway.Config{AdminToken: tok})
+		if err == nil {
+			_ = gw.Shutdown(t.Context())
+			t.Errorf("New accepted the admin token %q", tok)
+		} else if !strings.Contains(err.Error(), "whitespace") {
+			t.Errorf("admin token %q: %v; want an error that names the whitespace", tok, err)
+		}
+	}
+}

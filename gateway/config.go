@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -290,8 +291,9 @@ type Config struct {
 	MaxSessions int
 
 	// AdminToken enables the admin API (/v1/admin/drain, /v1/admin/build)
-	// and is the bearer token it requires; at least 16 bytes. Empty (the
-	// default) leaves the admin API off: its paths answer 404.
+	// and is the bearer token it requires; at least 16 bytes, with no
+	// leading or trailing whitespace. Empty (the default) leaves the admin
+	// API off: its paths answer 404.
 	AdminToken string
 
 	// Presence (presence.go, docs/presence.md).
@@ -416,6 +418,9 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("gateway: PresenceLeaveGrace shorter than PresenceWindow")
 	case c.AdminToken != "" && len(c.AdminToken) < minAdminToken:
 		return c, fmt.Errorf("gateway: AdminToken must be at least %d bytes", minAdminToken)
+	case strings.TrimSpace(c.AdminToken) != c.AdminToken:
+		// A presented token is trimmed (adminOnly), so this one could never match.
+		return c, fmt.Errorf("gateway: AdminToken starts or ends with whitespace (a newline from a file?): remove it")
 	case persistError(c.Persist) != nil:
 		return c, fmt.Errorf("gateway: %w", persistError(c.Persist))
 	case len(c.Persist) > 0 && c.Log == nil:
