@@ -141,10 +141,14 @@ func (s *Server) startDrain() *drainRun {
 	for sess := range s.sessions {
 		sessions = append(sessions, sess)
 	}
+	// After Shutdown began there is no plan: it is closing the sessions
+	// already. The drain is idle once they are gone (unregister), not
+	// before.
 	run := len(sessions) > 0 && !s.closed.Load()
-	if run {
+	switch {
+	case run:
 		s.wg.Add(1) // under mu: Shutdown's Wait cannot have begun
-	} else {
+	case len(sessions) == 0:
 		d.idleLocked()
 	}
 	s.mu.Unlock()

@@ -411,3 +411,41 @@ func TestDrain_SlotsKeepTimeWithAnInjectedClock(t *testing.T) {
 		}
 	}
 }
+
+// TestDrain_DuringShutdownWaitsForSessions: a Drain that begins while
+// Shutdown is still closing the sessions returns only once they are gone
+// (or cut at its deadline), as its doc says. It returned nil at once,
+// with a session still in its close handshake: a caller that then closed
+// the log took the drain for done.
+func TestDrain_DuringShutdownWaitsForSessions(t *testing.T) {
+	t.Parallel()
+	const spread, grace = 50 * time.Millisecond, 200 * time.Millisecond
+	srv := newTestServer(t, gateway.Config{DrainSpread: spread, DrainGrace: grace})
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0)
+	// c reads nothing from here on: Shutdown's close handshake with it
+	// waits (coder/websocket gives a silent peer 5 s).
+	shut := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), gwtest.Timeout)
+		defer cancel()
+		shut <- srv.gw.Shutdown(ctx)
+	}()
+	gwtest.Eventually(t, gwtest.Timeout, "Shutdown closing the session", func() bool {
+		return strings.Contains(scrape(t, srv.ts.URL), `syncgate_closes_total{reason="shutdown"} 1`)
+	})
+	start := time.Now()
+	err := srv.gw.Drain(t.Context())
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("drain during Shutdown: %v after %v, want it to cut the session still closing at spread+grace",
+			err, time.Since(start))
+	}
+	select {
+	case err := <-shut:
+		if err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	case <-time.After(gwtest.Timeout):
+		t.Fatal("shutdown did not return")
+	}
+}
