@@ -27,14 +27,18 @@ const maxAdminBody = 4096
 func (s *Server) addAdminRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/admin/drain", s.adminOnly(s.serveAdminDrain))
 	mux.HandleFunc("POST /v1/admin/build", s.adminOnly(s.serveAdminBuild))
-	mux.HandleFunc("/v1/admin/", s.adminOnly(func(w http.ResponseWriter, r *http.Request) {
+	other := s.adminOnly(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/v1/admin/drain" || r.URL.Path == "/v1/admin/build" {
 			w.Header().Set("Allow", http.MethodPost)
 			adminError(w, http.StatusMethodNotAllowed, r.URL.Path+" takes POST, not "+r.Method)
 			return
 		}
 		adminError(w, http.StatusNotFound, "no admin endpoint "+r.URL.Path+"; there are POST /v1/admin/drain and POST /v1/admin/build")
-	}))
+	})
+	mux.HandleFunc("/v1/admin/", other)
+	// Without it the mux redirects /v1/admin to /v1/admin/: no JSON, no
+	// auth check.
+	mux.HandleFunc("/v1/admin", other)
 }
 
 // adminOnly wraps h with the bearer-token check.

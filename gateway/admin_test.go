@@ -228,3 +228,38 @@ func TestAdmin_TokenWithSpaceRefusedAtNew(t *testing.T) {
 		}
 	}
 }
+
+// TestAdmin_BarePathAnswersJSON: /v1/admin itself is an unknown admin
+// path like any other: 401 without the token, a JSON 404 naming the
+// endpoints with it. net/http's mux answered it with a redirect to
+// /v1/admin/ (no error, no auth check), against the API's rule that
+// every bad request gets a JSON error with a 4xx.
+func TestAdmin_BarePathAnswersJSON(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{AdminToken: adminToken})
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	do := func(auth string) (int, string, string) {
+		t.Helper()
+		req, err := http.NewRequest("POST", srv.ts.URL+"/v1/admin", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := noFollow.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get("Content-Type"), string(b)
+	}
+	if code, ct, body := do(""); code != http.StatusUnauthorized || ct != "application/json" {
+		t.Errorf("POST /v1/admin without the token: %d %s %s, want a JSON 401", code, ct, body)
+	}
+	if code, ct, body := do("Bearer " + adminToken); code != http.StatusNotFound || ct != "application/json" ||
+		!strings.Contains(body, "POST /v1/admin/drain") {
+		t.Errorf("POST /v1/admin: %d %s %s, want a JSON 404 naming the endpoints", code, ct, body)
+	}
+}
