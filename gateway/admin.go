@@ -123,6 +123,9 @@ func decodeBuildRequest(body []byte) (buildRequest, error) {
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return buildRequest{}, errors.New(want + ", found more after it")
 	}
+	if k, ok := repeatedMember(body); ok {
+		return buildRequest{}, fmt.Errorf("%s: member %s given more than once", want, quote(k))
+	}
 	var req buildRequest
 	for k, v := range members {
 		if k != "buildId" {
@@ -136,6 +139,33 @@ func decodeBuildRequest(body []byte) (buildRequest, error) {
 		return buildRequest{}, errors.New(`missing buildId: send {"buildId": "<non-empty string>"}`)
 	}
 	return req, nil
+}
+
+// repeatedMember reports a member name that body, one JSON object that
+// decoded without error, holds more than once: encoding/json would keep
+// the last silently.
+func repeatedMember(body []byte) (string, bool) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if _, err := dec.Token(); err != nil { // the object's '{'
+		return "", false
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return "", false
+		}
+		k, _ := tok.(string)
+		if seen[k] {
+			return k, true
+		}
+		seen[k] = true
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return "", false
+		}
+	}
+	return "", false
 }
 
 // buildAnswer is the body of a successful POST /v1/admin/build.

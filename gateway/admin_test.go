@@ -263,3 +263,20 @@ func TestAdmin_BarePathAnswersJSON(t *testing.T) {
 		t.Errorf("POST /v1/admin: %d %s %s, want a JSON 404 naming the endpoints", code, ct, body)
 	}
 }
+
+// TestAdmin_BuildRefusesARepeatedMember: the body must hold exactly one
+// member, buildId. encoding/json keeps the last of two members of one
+// name, so {"buildId":"b2","buildId":"b3"} set b3 with 200, an input
+// whose meaning is ambiguous (RFC 8259 §4) taken silently.
+func TestAdmin_BuildRefusesARepeatedMember(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, gateway.Config{AdminToken: adminToken, BuildID: "b1"})
+	code, body := httpDo(t, "POST", srv.ts.URL+"/v1/admin/build", "Bearer "+adminToken, "application/json",
+		`{"buildId":"b2","buildId":"b3"}`)
+	if code != http.StatusBadRequest || !strings.Contains(body, "more than once") {
+		t.Errorf("buildId given twice: %d %s, want 400 saying so", code, body)
+	}
+	if id := srv.gw.BuildID(); id != "b1" {
+		t.Errorf("a refused request set the build id to %q", id)
+	}
+}
