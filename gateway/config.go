@@ -3,6 +3,7 @@ package gateway
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"strings"
@@ -375,7 +376,9 @@ func (c Config) withDefaults() (Config, error) {
 	setDefault(&c.DrainGrace, 5*time.Second)
 	setDefault(&c.AcceptRate, 1000)
 	if c.AcceptBurst == 0 && c.AcceptRate > 0 {
-		c.AcceptBurst = max(1, int(c.AcceptRate+0.999999))
+		// At most 2^30: a float beyond int's range converts to whatever
+		// the platform makes of it.
+		c.AcceptBurst = max(1, int(min(c.AcceptRate+0.999999, 1<<30)))
 	}
 	setDefault(&c.MaxSessions, 100000)
 	setDefault(&c.PresenceTTL, 30*time.Second)
@@ -409,6 +412,11 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("gateway: negative limit in config")
 	case c.PresenceTTL < 0, c.PresenceWindow < 0, c.PresenceLeaveGrace < 0, c.PresenceMaxListed < 0:
 		return c, fmt.Errorf("gateway: negative presence setting in config")
+	case math.IsNaN(c.AcceptRate):
+		return c, fmt.Errorf("gateway: AcceptRate is NaN: give sessions per second, or a negative rate to turn the limit off")
+	case len(c.BuildID) > maxBuildIDLen:
+		// Every hello carries it; a client's hello may carry no longer one.
+		return c, fmt.Errorf("gateway: BuildID is %d bytes, over the limit of %d", len(c.BuildID), maxBuildIDLen)
 	case c.DrainSpread > maxDrainWindow || c.DrainGrace > maxDrainWindow:
 		// A session's afterMs is at most the spread (frames.MaxAfterMs).
 		return c, fmt.Errorf("gateway: DrainSpread and DrainGrace must be at most %v", maxDrainWindow)

@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -115,6 +116,25 @@ func TestConfig_DrainBounds(t *testing.T) {
 	}
 	if _, err := (Config{DrainSpread: time.Hour, DrainGrace: time.Hour}).withDefaults(); err != nil {
 		t.Errorf("an hour each: %v", err)
+	}
+}
+
+// TestConfig_AcceptRateAndBuildID: a NaN accept rate is refused (it read
+// as "off"), a huge one gets a burst within int's range, and a BuildID
+// longer than a hello may carry is refused at New.
+func TestConfig_AcceptRateAndBuildID(t *testing.T) {
+	if _, err := (Config{AcceptRate: math.NaN()}).withDefaults(); err == nil {
+		t.Error("AcceptRate NaN accepted")
+	}
+	c, err := (Config{AcceptRate: 1e19}).withDefaults()
+	if err != nil || c.AcceptBurst != 1<<30 {
+		t.Errorf("AcceptRate 1e19: burst %d, %v; want %d", c.AcceptBurst, err, 1<<30)
+	}
+	if _, err := (Config{BuildID: strings.Repeat("b", maxBuildIDLen+1)}).withDefaults(); err == nil {
+		t.Error("BuildID over maxBuildIDLen accepted")
+	}
+	if _, err := (Config{BuildID: strings.Repeat("b", maxBuildIDLen)}).withDefaults(); err != nil {
+		t.Errorf("BuildID at the limit: %v", err)
 	}
 }
 
