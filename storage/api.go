@@ -4,7 +4,8 @@
 //
 // The model is the Durable Streams protocol's (PROTOCOL.md of the
 // durable-streams project): a stream has a content type fixed at creation,
-// an optional TTL (sliding: appends and reads renew it, Head does not) or
+// an optional TTL (sliding: appends and reads renew it, and it does not
+// run out while a Wait is blocked on the stream; Head does not renew it) or
 // Expires-At (absolute), may be closed for good, may be a fork of another
 // stream at an offset, and carries per-producer (id, epoch, seq) state that
 // is committed in the same bbolt transaction as the records it admits.
@@ -49,8 +50,9 @@ type CreateOptions struct {
 	// value (a message), and the caller splits arrays into messages.
 	ContentType string
 
-	// TTL, when positive, expires the stream TTL after its last append or
-	// read. ExpiresAt, when not zero, expires it at that instant.
+	// TTL, when positive, expires the stream TTL after its last append,
+	// read or Wait (never while a Wait is blocked on it: see [DB.Wait]).
+	// ExpiresAt, when not zero, expires it at that instant.
 	// Setting both is [ErrBadRequest]. ExpiresAtRaw is echoed by Info.
 	TTL          time.Duration
 	ExpiresAt    time.Time
@@ -92,7 +94,8 @@ type Info struct {
 	Closed       bool
 
 	// TTLLeft is, from Head, how much of a sliding TTL is left: TTL less
-	// the time since the last append or read (0 without a TTL).
+	// the time since the last append, read or Wait, all of it while a
+	// Wait is blocked on the stream (0 without a TTL).
 	TTLLeft time.Duration
 
 	Tail      string // offset after the last record; ZeroOffset when empty

@@ -144,9 +144,10 @@ type DB struct {
 	sendMu sync.RWMutex
 
 	// Guarded by mu.
-	mu      sync.Mutex
-	access  map[uint64]int64         // id → last read, Unix ns, not yet persisted
-	waiters map[uint64]chan struct{} // id → closed on the next commit touching it
+	mu       sync.Mutex
+	access   map[uint64]int64         // id → last read, Unix ns, not yet persisted
+	waiters  map[uint64]chan struct{} // id → closed on the next commit touching it
+	watching map[uint64]int           // id → Waits blocked on a stream with a sliding TTL (holdTTL)
 }
 
 // Open opens (creating if needed) the log at path. opts may be nil; it is
@@ -226,21 +227,22 @@ func Open(path string, opts *Options) (*DB, error) {
 		return nil, fmt.Errorf("storage: init %s: %w", path, err)
 	}
 	db := &DB{
-		bolt:    bdb,
-		opts:    o,
-		log:     o.Logger,
-		now:     o.Now,
-		path:    path,
-		reqs:    make(chan *request, 4096),
-		quit:    make(chan struct{}),
-		failCh:  make(chan struct{}),
-		wdone:   make(chan struct{}),
-		mdone:   make(chan struct{}),
-		kick:    make(chan struct{}, 1),
-		cache:   newMetaCache(gen, o.metaCacheSize),
-		access:  make(map[uint64]int64),
-		wcache:  make(map[uint64]*wstream),
-		waiters: make(map[uint64]chan struct{}),
+		bolt:     bdb,
+		opts:     o,
+		log:      o.Logger,
+		now:      o.Now,
+		path:     path,
+		reqs:     make(chan *request, 4096),
+		quit:     make(chan struct{}),
+		failCh:   make(chan struct{}),
+		wdone:    make(chan struct{}),
+		mdone:    make(chan struct{}),
+		kick:     make(chan struct{}, 1),
+		cache:    newMetaCache(gen, o.metaCacheSize),
+		access:   make(map[uint64]int64),
+		wcache:   make(map[uint64]*wstream),
+		waiters:  make(map[uint64]chan struct{}),
+		watching: make(map[uint64]int),
 	}
 	go db.writer()
 	go db.maintainLoop()
@@ -413,13 +415,39 @@ func (db *DB) touchAccess(id uint64, now int64) {
 	db.mu.Unlock()
 }
 
-// lastAccess returns the later of m's persisted access and an unpersisted
-// read.
-func (db *DB) lastAccess(m *meta) int64 {
+// lastAccess returns when m's sliding TTL was last renewed, as of now
+// (Unix ns): the later of its persisted access and an unpersisted read,
+// or now while a Wait is blocked on it (holdTTL).
+func (db *DB) lastAccess(m *meta, now int64) int64 {
 	db.mu.Lock()
 	a := db.access[m.ID]
+	if db.watching[m.ID] > 0 {
+		a = max(a, now)
+	}
 	db.mu.Unlock()
 	return max(a, m.Access)
+}
+
+// holdTTL keeps stream id's sliding TTL from running out while a Wait is
+// blocked on it, until releaseTTL. Only streams with a sliding TTL are
+// held: Waits on the others cost nothing more.
+func (db *DB) holdTTL(id uint64) {
+	db.mu.Lock()
+	db.watching[id]++
+	db.mu.Unlock()
+}
+
+// releaseTTL ends a holdTTL at now, renewing the TTL then: it runs again
+// from the Wait's return, as from a read.
+func (db *DB) releaseTTL(id uint64, now int64) {
+	db.mu.Lock()
+	if db.watching[id]--; db.watching[id] <= 0 {
+		delete(db.watching, id)
+	}
+	if now > db.access[id] {
+		db.access[id] = now
+	}
+	db.mu.Unlock()
 }
 
 // Stream states as seen by a call.
@@ -448,7 +476,7 @@ func (db *DB) expired(m *meta, now time.Time) bool {
 	if !m.ExpiresAt.IsZero() && !now.Before(m.ExpiresAt) {
 		return true
 	}
-	if m.TTL > 0 && now.UnixNano()-db.lastAccess(m) >= int64(m.TTL) {
+	if m.TTL > 0 && now.UnixNano()-db.lastAccess(m, now.UnixNano()) >= int64(m.TTL) {
 		return true
 	}
 	return false

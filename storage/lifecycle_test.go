@@ -2,6 +2,7 @@ package storage_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -285,6 +286,98 @@ func TestDB_TTL(t *testing.T) {
 	maintain(t, db)
 	_, err = db.Head(ctx, "src2")
 	wantErr(t, "source after its fork expired", err, storage.ErrNotFound)
+}
+
+// TestDB_Wait_KeepsTTL: a stream with a sliding TTL does not expire while
+// a Wait is blocked on it, however long; its TTL runs again from when the
+// Wait returns, and the maintenance pass persists the renewal as it does
+// a read's. An absolute expiry still ends the Wait.
+func TestDB_Wait_KeepsTTL(t *testing.T) {
+	clk := newClock()
+	path := filepath.Join(t.TempDir(), "log.db")
+	opts := &storage.Options{Now: clk.Now, NoSync: true}
+	db := openDB2(t, path, opts)
+	ctx := t.Context()
+	const ttl = 10 * time.Second
+	ttlLeft := func(name string) time.Duration {
+		t.Helper()
+		in, err := db.Head(ctx, name)
+		if err != nil {
+			t.Fatalf("Head(%q): %v", name, err)
+		}
+		return in.TTLLeft
+	}
+	// waitHeld starts a Wait on name and returns once it holds the TTL:
+	// half the TTL later (on the clock) Head shows all of it left, which
+	// only a renewal since can do.
+	waitHeld := func(name string) (<-chan error, context.CancelFunc) {
+		t.Helper()
+		wctx, cancel := context.WithCancel(ctx)
+		t.Cleanup(cancel)
+		ch := make(chan error, 1)
+		go func() { ch <- db.Wait(wctx, name, storage.ZeroOffset) }()
+		clk.Advance(ttl / 2)
+		deadline := time.Now().Add(5 * time.Second)
+		for ttlLeft(name) != ttl {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: with a Wait blocked on it, Head's TTLLeft = %v, want the whole TTL (%v)", name, ttlLeft(name), ttl)
+			}
+			time.Sleep(time.Millisecond) // polling, not synchronisation
+		}
+		return ch, cancel
+	}
+
+	mustCreate(t, db, "s", storage.CreateOptions{TTL: ttl})
+	mustCreate(t, db, "idle", storage.CreateOptions{TTL: ttl})
+	ch, cancel := waitHeld("s")
+	clk.Advance(3 * ttl)
+	_, err := db.Head(ctx, "idle")
+	wantErr(t, "a stream no one waits on", err, storage.ErrNotFound)
+	if got := ttlLeft("s"); got != ttl {
+		t.Fatalf("TTLLeft %v after 3.5 TTLs of waiting, want %v", got, ttl)
+	}
+	if _, err := db.Read(ctx, "s", storage.ZeroOffset, 0); err != nil {
+		t.Fatalf("Read while a Wait holds the stream: %v", err)
+	}
+	cancel()
+	wantErr(t, "Wait", <-ch, context.Canceled)
+	clk.Advance(ttl - time.Second)
+	if got := ttlLeft("s"); got != time.Second {
+		t.Fatalf("TTLLeft %v a TTL less 1s after the Wait returned, want 1s", got)
+	}
+	clk.Advance(time.Second)
+	_, err = db.Head(ctx, "s")
+	wantErr(t, "a TTL after the Wait returned", err, storage.ErrNotFound)
+
+	// The renewal of a Wait still blocked is persisted by the maintenance
+	// pass, and survives a restart (the Wait's own end, at Close, is not).
+	mustCreate(t, db, "p", storage.CreateOptions{TTL: ttl})
+	ch, _ = waitHeld("p")
+	clk.Advance(3 * ttl)
+	maintain(t, db)
+	db.Close()
+	wantErr(t, "Wait at Close", <-ch, storage.ErrClosedDB)
+	db = openDB2(t, path, opts)
+	clk.Advance(ttl - time.Second)
+	if got := ttlLeft("p"); got != time.Second {
+		t.Fatalf("TTLLeft %v after restart, want 1s", got)
+	}
+
+	// Expires-At is absolute: a Wait neither extends it nor outlives it.
+	// (The Wait's timer runs on real time: the time left on the clock, at
+	// most 100 ms, before it looks again.)
+	mustCreate(t, db, "e", storage.CreateOptions{ExpiresAt: clk.Now().Add(100 * time.Millisecond)})
+	ech := make(chan error, 1)
+	go func() { ech <- db.Wait(ctx, "e", storage.ZeroOffset) }()
+	clk.Advance(100 * time.Millisecond)
+	_, err = db.Head(ctx, "e")
+	wantErr(t, "Head at Expires-At", err, storage.ErrNotFound)
+	select {
+	case err = <-ech:
+		wantErr(t, "Wait at Expires-At", err, storage.ErrNotFound)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Wait did not return at Expires-At")
+	}
 }
 
 func TestDB_Retention(t *testing.T) {
@@ -610,9 +703,11 @@ func TestDB_BatchLimits(t *testing.T) {
 }
 
 func TestDB_Wait_Expiry(t *testing.T) {
-	// Real clock: Wait notices expiry by itself (no commit wakes it).
+	// Real clock: Wait notices expiry by itself (no commit wakes it). Only
+	// an Expires-At can come while it waits: a sliding TTL cannot run out
+	// under a blocked Wait (TestDB_Wait_KeepsTTL).
 	db := openDB(t, &storage.Options{NoSync: true})
-	mustCreate(t, db, "s", storage.CreateOptions{TTL: 200 * time.Millisecond})
+	mustCreate(t, db, "s", storage.CreateOptions{ExpiresAt: time.Now().Add(200 * time.Millisecond)})
 	errc := make(chan error, 1)
 	go func() { errc <- db.Wait(t.Context(), "s", storage.ZeroOffset) }()
 	select {
@@ -659,7 +754,7 @@ func TestDB_Wait_WatchesOfDeadStreams(t *testing.T) {
 	mustCreate(t, db, "s", storage.CreateOptions{})
 	wantErr(t, "WaitID of a stream made anew", db.WaitID(ctx, "s", storage.ZeroOffset, old.ID), storage.ErrNotFound)
 	waitWatches("after WaitID of a stream made anew", 0)
-	exp := mustCreate(t, db, "e", storage.CreateOptions{TTL: 100 * time.Millisecond})
+	exp := mustCreate(t, db, "e", storage.CreateOptions{ExpiresAt: time.Now().Add(100 * time.Millisecond)})
 	wantErr(t, "WaitID of an expiring stream", db.WaitID(ctx, "e", storage.ZeroOffset, exp.ID), storage.ErrNotFound)
 	waitWatches("after expiry", 0)
 }

@@ -45,16 +45,23 @@ func (db *DB) maintainLoop() {
 }
 
 // maintain runs one maintenance pass inside the writer's transaction:
-// persist read-renewed access times, remove expired streams, prune by
-// retention, expire idle producers, clear removed streams' records. Each
-// step's work per stream is bounded by PruneBatch.
+// persist access times renewed by reads and by blocked Waits, remove
+// expired streams, prune by retention, expire idle producers, clear
+// removed streams' records. Each step's work per stream is bounded by
+// PruneBatch.
 func (b *batch1) maintain(r *request) error {
 	db := b.db
-	// Read renewals: load those streams so flush persists their access.
+	// Renewals: load those streams so flush persists their access (a
+	// stream a Wait holds is renewed now, lastAccess).
 	db.mu.Lock()
-	ids := make([]uint64, 0, len(db.access))
+	ids := make([]uint64, 0, len(db.access)+len(db.watching))
 	for id := range db.access {
 		ids = append(ids, id)
+	}
+	for id := range db.watching {
+		if _, ok := db.access[id]; !ok {
+			ids = append(ids, id)
+		}
 	}
 	db.mu.Unlock()
 	for _, id := range ids {

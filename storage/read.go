@@ -133,7 +133,7 @@ func (db *DB) ttlLeft(m *meta, now time.Time) time.Duration {
 	if m.TTL <= 0 {
 		return 0
 	}
-	return max(0, m.TTL-time.Duration(now.UnixNano()-db.lastAccess(m)))
+	return max(0, m.TTL-time.Duration(now.UnixNano()-db.lastAccess(m, now.UnixNano())))
 }
 
 // prunedOf is the last position retention removed across segs, as
@@ -290,7 +290,14 @@ func copyRecords(out, recs []Record, poss []uint64, total int) {
 // wrapping [ErrBadRequest] for an offset beyond the tail, ctx.Err() when
 // ctx ends, [ErrClosedDB] when the DB closes and [ErrFailed] when it
 // fails (a commit or fsync failed). A fork wakes only for
-// its own appends. Wait does not renew a TTL.
+// its own appends.
+//
+// A stream with a sliding TTL does not expire while a Wait is blocked on
+// it, however long that is: a live reader keeps the stream it watches.
+// Its TTL runs again from when the Wait returns, as from a read, and
+// renewals are persisted as a read's are (see [DB.Read]). A fork's
+// sources are not kept, and neither is an Expires-At, which ends the
+// Wait with [ErrNotFound] when it comes.
 func (db *DB) Wait(ctx context.Context, name, after string) error {
 	return db.WaitID(ctx, name, after, 0)
 }
@@ -308,9 +315,13 @@ func (db *DB) WaitID(ctx context.Context, name, after string, id uint64) error {
 		return err
 	}
 	var timer *time.Timer
+	held := false // the TTL of stream id is held (holdTTL)
 	defer func() {
 		if timer != nil {
 			timer.Stop()
+		}
+		if held {
+			db.releaseTTL(id, db.now().UnixNano())
 		}
 	}()
 	for { // id: the stream watched; 0 until known
@@ -357,10 +368,16 @@ func (db *DB) WaitID(ctx context.Context, name, after string, id uint64) error {
 			id = m.ID
 			continue
 		}
-		expiry := db.expiry(m)
+		if m.TTL > 0 && !held {
+			// Live just above: from here on its TTL cannot run out
+			// while this Wait waits.
+			db.holdTTL(id)
+			held = true
+		}
 		var tc <-chan time.Time
-		if !expiry.IsZero() {
-			d := expiry.Sub(db.now())
+		if !m.ExpiresAt.IsZero() {
+			// Only an absolute expiry can come while it waits.
+			d := m.ExpiresAt.Sub(db.now())
 			if timer == nil {
 				timer = time.NewTimer(d)
 			} else {
@@ -382,16 +399,4 @@ func (db *DB) WaitID(ctx context.Context, name, after string, id uint64) error {
 			return err
 		}
 	}
-}
-
-// expiry returns when m expires if nothing renews it (zero: never).
-func (db *DB) expiry(m *meta) time.Time {
-	var t time.Time
-	if m.TTL > 0 {
-		t = time.Unix(0, db.lastAccess(m)).Add(m.TTL)
-	}
-	if !m.ExpiresAt.IsZero() && (t.IsZero() || m.ExpiresAt.Before(t)) {
-		t = m.ExpiresAt
-	}
-	return t
 }

@@ -379,7 +379,7 @@ func (b *batch1) flush() error {
 			continue
 		}
 		if ws.dirty {
-			if a := b.db.lastAccess(&ws.m); a > ws.m.Access {
+			if a := b.db.lastAccess(&ws.m, b.nowNs); a > ws.m.Access {
 				ws.m.Access = a
 				if b.persisted == nil {
 					b.persisted = make(map[uint64]int64)

@@ -3,7 +3,9 @@
 // It is about what the API promises (package storage's docs and the
 // Durable Streams semantics in docs/storage.md), never about how a backend
 // stores it. Time-dependent rules (TTL expiry, retention, producer
-// expiry) need an injected clock and are tested by each backend itself.
+// expiry) need an injected clock and are tested by each backend itself,
+// but for one that real time checks in a second and a half: a Wait keeps
+// a sliding TTL from running out (Wait/KeepsSlidingTTL).
 package storagetest
 
 import (
@@ -14,7 +16,9 @@ import (
 )
 
 // Log is the method set under test; *storage.DB implements it, as does
-// the gateway's StreamLog.
+// the gateway's StreamLog. The semantics are [storage.DB]'s; among them,
+// Wait and WaitID keep a sliding TTL from running out while they are
+// blocked, and renew it as they return.
 type Log interface {
 	Create(ctx context.Context, name string, o storage.CreateOptions) (info storage.Info, created bool, err error)
 	Head(ctx context.Context, name string) (storage.Info, error)

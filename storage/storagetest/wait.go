@@ -266,6 +266,24 @@ var waitTests = []test{
 		}
 		eq(t, "fork", h.content("f"), "afork")
 	}},
+	{"KeepsSlidingTTL", func(t *testing.T, h *h) {
+		// A blocked Wait keeps a sliding TTL from running out, however
+		// long it waits; the TTL runs again from when it returns. On real
+		// time (the suite has no clock): the Wait starts at once after
+		// the create, and lasts three TTLs, past which a stream no one
+		// waits on is gone.
+		const ttl = 500 * time.Millisecond
+		h.create("idle", storage.CreateOptions{TTL: ttl})
+		h.create("s", storage.CreateOptions{TTL: ttl})
+		ctx, cancel := context.WithTimeout(h.ctx, 3*ttl)
+		defer cancel()
+		if err := h.l.Wait(ctx, "s", storage.ZeroOffset); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Wait on a stream with a TTL a third of the wait: %v, want it to run to its deadline", err)
+		}
+		h.head("s")
+		_, err := h.l.Head(h.ctx, "idle")
+		isErr(t, "the stream no one waited on", err, storage.ErrNotFound)
+	}},
 	{"Many", func(t *testing.T, h *h) {
 		h.create("s", storage.CreateOptions{})
 		chs := make([]<-chan error, 50)
