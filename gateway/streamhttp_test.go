@@ -641,6 +641,78 @@ func TestStreamHTTP_TTL(t *testing.T) {
 	s.do(t, "GET", "/v1/stream/exp", nil, "").want(t, 404)
 }
 
+// TestStreamHTTP_LiveReadKeepsTTL: a stream with a sliding TTL does not
+// expire under a live read that waits on it longer than the TTL: the
+// reader gets what is appended after, not a 404, and the stream is still
+// there.
+func TestStreamHTTP_LiveReadKeepsTTL(t *testing.T) {
+	t.Parallel()
+	for _, live := range []string{"long-poll", "sse"} {
+		t.Run(live, func(t *testing.T) {
+			t.Parallel()
+			// Neither a long-poll timeout nor an SSE keep-alive within
+			// the test: one wait holds the stream throughout.
+			s := newStreamServer(t, gateway.Config{LongPollTimeout: 10 * time.Second})
+			const p = "/v1/stream/watched"
+			tail := s.do(t, "PUT", p, hdr("Content-Type", "text/plain", "Stream-TTL", "60"), "a").want(t, 201).header.Get("Stream-Next-Offset")
+			// fullTTL polls HEAD until it shows the whole TTL left.
+			fullTTL := func() bool {
+				deadline := time.Now().Add(2 * time.Second)
+				for s.do(t, "HEAD", p, nil, "").want(t, 200).header.Get("Stream-TTL") != "60" {
+					if time.Now().After(deadline) {
+						return false
+					}
+					time.Sleep(time.Millisecond) // polling, not synchronisation
+				}
+				return true
+			}
+
+			s.clock.Advance(30 * time.Second)
+			var got func() string // what the reader gets next
+			switch live {
+			case "long-poll":
+				ch := make(chan reply, 1)
+				go func() {
+					r, err := s.try("GET", p+"?offset="+tail+"&live=long-poll", nil, "")
+					if err != nil {
+						r.body = err.Error()
+					}
+					ch <- r
+				}()
+				got = func() string { return (<-ch).want(t, 200).body }
+			case "sse":
+				body := bufio.NewReader(s.openSSE(t, p+"?offset="+tail+"&live=sse").Body)
+				readSSE(t, body, func(e []sseEvent) bool { return len(e) == 1 }) // the first control event
+				got = func() string {
+					evs := readSSE(t, body, func(e []sseEvent) bool { return len(e) == 1 })
+					if len(evs) != 1 || evs[0].name != "data" {
+						t.Fatalf("SSE events %q, want a data event", evs)
+					}
+					return evs[0].data
+				}
+			}
+			// The reader's read renewed the TTL, 30 s in. Another 30 s
+			// on, its wait still holds all of it.
+			if !fullTTL() {
+				t.Fatal("the live read's read did not renew the TTL")
+			}
+			s.clock.Advance(30 * time.Second)
+			if !fullTTL() {
+				t.Error("HEAD: a stream a live read waits on does not keep its whole TTL")
+			}
+			// Two TTLs after the read, the reader still waits on a live
+			// stream, and gets what is appended.
+			s.clock.Advance(61 * time.Second)
+			s.do(t, "HEAD", p, nil, "").want(t, 200).wantHeader(t, "Stream-TTL", "60")
+			s.do(t, "POST", p, hdr("Content-Type", "text/plain"), "b").want(t, 204)
+			if b := got(); b != "b" {
+				t.Fatalf("the reader got %q, want the append", b)
+			}
+			s.do(t, "HEAD", p, nil, "").want(t, 200)
+		})
+	}
+}
+
 func TestStreamHTTP_Fork(t *testing.T) {
 	t.Parallel()
 	s := newStreamServer(t, gateway.Config{})

@@ -21,6 +21,10 @@ type StreamLog interface {
 	// block or call the log.
 	AppendAsync(name string, req storage.AppendRequest, done func(storage.AppendResult, error))
 	Read(ctx context.Context, name, after string, maxBytes int) (storage.ReadResult, error)
+	// Wait and WaitID keep a sliding TTL from running out while they are
+	// blocked, and renew it as they return: a stream that a long-poll,
+	// an SSE response or a persisted topic's tailer waits on does not
+	// expire under it.
 	Wait(ctx context.Context, name, after string) error
 	WaitID(ctx context.Context, name, after string, id uint64) error
 }
