@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -465,11 +466,18 @@ func appendJSONArray(b []byte, recs []storage.Record) []byte {
 	return append(b, ']')
 }
 
-// pageETag identifies a read response: its offset range, a hash of its
-// body (so a stream deleted and created again never matches an old tag)
-// and whether it ends a closed stream.
+// pageETag identifies a read response: its offset range, a hash of the
+// stream's identity (its log id and content type) and of the body, so
+// that a stream deleted and created again never matches an old tag, even
+// with the same records in another type, and whether it ends a closed
+// stream.
 func pageETag(start string, res storage.ReadResult, body []byte) string {
 	sum := fnv.New64a()
+	var id [8]byte
+	binary.BigEndian.PutUint64(id[:], res.ID)
+	_, _ = sum.Write(id[:])
+	_, _ = sum.Write([]byte(res.ContentType))
+	_, _ = sum.Write([]byte{0})
 	_, _ = sum.Write(body)
 	var b strings.Builder
 	b.WriteString(`"`)

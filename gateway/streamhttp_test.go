@@ -308,6 +308,13 @@ func TestStreamHTTP_ETag(t *testing.T) {
 	s.do(t, "DELETE", p, nil, "").want(t, 204)
 	s.do(t, "PUT", p, hdr("Content-Type", "text/plain"), "z").want(t, 201)
 	s.do(t, "GET", p, hdr("If-None-Match", etag), "").want(t, 200).wantBody(t, "z")
+	// ... even with the same records, in another type: a 304 would keep
+	// a cache's old Content-Type (the tag held offsets and body only).
+	z := s.do(t, "GET", p, nil, "").want(t, 200).header.Get("ETag")
+	s.do(t, "DELETE", p, nil, "").want(t, 204)
+	s.do(t, "PUT", p, hdr("Content-Type", "application/octet-stream"), "z").want(t, 201)
+	s.do(t, "GET", p, hdr("If-None-Match", z), "").want(t, 200).wantBody(t, "z").
+		wantHeader(t, "Content-Type", "application/octet-stream")
 }
 
 // TestStreamHTTP_LongPollETag: a long-poll 200 carries the ETag a
