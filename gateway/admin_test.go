@@ -17,9 +17,10 @@ import (
 
 const adminToken = "0123456789abcdef-test-token"
 
-// httpDo sends a request (auth and contentType set when not empty) and
-// returns status and body.
-func httpDo(t *testing.T, method, url, auth, contentType, body string) (int, string) {
+// httpDo sends a request (auth and contentType set when not empty, and
+// any other headers given as name, value pairs) and returns status and
+// body.
+func httpDo(t *testing.T, method, url, auth, contentType, body string, header ...string) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
@@ -30,6 +31,9 @@ func httpDo(t *testing.T, method, url, auth, contentType, body string) (int, str
 	}
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

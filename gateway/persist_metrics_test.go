@@ -2,9 +2,7 @@ package gateway_test
 
 import (
 	"fmt"
-	"io"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,23 +16,7 @@ import (
 // returns the response's status and body.
 func streamStatus(t *testing.T, n *persistNode, method, topic, ct, body string, header ...string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(method, n.ts.URL+"/v1/stream/"+topic, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ct != "" {
-		req.Header.Set("Content-Type", ct)
-	}
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return httpDo(t, method, n.ts.URL+"/v1/stream/"+topic, "", ct, body, header...)
 }
 
 // publishesOf returns n's syncgate_publishes_total.

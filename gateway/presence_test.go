@@ -581,15 +581,19 @@ func TestPresence_RejoinAfterStall(t *testing.T) {
 	b.Hello("", 0)
 	b.Subscribe("s", "room")
 	sync := join(t, b, "room", `null`)
-	var live *frames.Member
-	for i := range sync.Members {
-		if sync.Members[i].ID == "live" {
-			live = &sync.Members[i]
-		}
-	}
-	if live == nil || string(live.Meta) != `{"name":"Ada","typing":true}` {
+	if live := listed(sync, "live"); live == nil || string(live.Meta) != `{"name":"Ada","typing":true}` {
 		t.Fatalf("after the stall the sync lists %s, live = %+v; want live with its last meta", memberIDs(sync.Members), live)
 	}
+}
+
+// listed returns the member of sync whose id is id, or nil.
+func listed(sync *frames.Presence, id string) *frames.Member {
+	for i := range sync.Members {
+		if sync.Members[i].ID == id {
+			return &sync.Members[i]
+		}
+	}
+	return nil
 }
 
 // expireOnUpdate is a registry whose next Update, once armed, finds its
@@ -638,13 +642,7 @@ func TestPresence_UpdateAfterStallRejoins(t *testing.T) {
 	b.Hello("", 0)
 	b.Subscribe("s", "room")
 	sync := join(t, b, "room", `null`)
-	var live *frames.Member
-	for i := range sync.Members {
-		if sync.Members[i].ID == "live" {
-			live = &sync.Members[i]
-		}
-	}
-	if live == nil || string(live.Meta) != `{"name":"Ada","typing":true}` {
+	if live := listed(sync, "live"); live == nil || string(live.Meta) != `{"name":"Ada","typing":true}` {
 		t.Fatalf("the sync lists %s, live = %+v; want live with the update's meta", memberIDs(sync.Members), live)
 	}
 }
