@@ -64,6 +64,10 @@ func (c *config) anonymous() bool { return c.JWTSecret == "" && c.JWTKeys == "" 
 // boolSettings are the settings whose flag may be given without a value.
 var boolSettings = map[string]bool{"insecure": true}
 
+// listSettings are the settings that take a comma-separated list, and so
+// in the YAML file a list; any other takes one value.
+var listSettings = map[string]bool{"persist": true, "allowed-origins": true}
+
 // setting is one knob: a flag, its environment variable, and its key in the
 // YAML config file (the flag's name).
 type setting struct {
@@ -554,7 +558,7 @@ func loadYAML(c *config, path string) error {
 		if !ok {
 			return fmt.Errorf("config file %s: line %d: unknown key %q (keys are the flag names, e.g. addr, hello-timeout)", path, p[0].Line, k)
 		}
-		v, err := yamlScalar(vn)
+		v, err := yamlScalar(vn, listSettings[k])
 		if err == nil {
 			err = s.set(c, v)
 			if err != nil {
@@ -616,9 +620,11 @@ func yamlDeref(n *yaml.Node) *yaml.Node {
 }
 
 // yamlScalar returns the text of a YAML scalar as written, the string a
-// flag would take ("" for null); a list becomes a comma-separated string
-// (a null element is an empty one).
-func yamlScalar(n *yaml.Node) (string, error) {
+// flag would take ("" for null); if list, a list becomes a
+// comma-separated string (a null element is an empty one). A list for a
+// setting of one value is an error: joined, it would be one value
+// nobody meant (jwt-audience: [api, web] the audience "api,web").
+func yamlScalar(n *yaml.Node, list bool) (string, error) {
 	n = yamlDeref(n)
 	switch n.Kind {
 	case yaml.ScalarNode:
@@ -627,6 +633,9 @@ func yamlScalar(n *yaml.Node) (string, error) {
 		}
 		return n.Value, nil
 	case yaml.SequenceNode:
+		if !list {
+			return "", fmt.Errorf("want one value, not a list (only persist and allowed-origins take lists)")
+		}
 		parts := make([]string, len(n.Content))
 		for i, e := range n.Content {
 			if e = yamlDeref(e); e.Kind != yaml.ScalarNode {
@@ -638,7 +647,10 @@ func yamlScalar(n *yaml.Node) (string, error) {
 		}
 		return strings.Join(parts, ","), nil
 	}
-	return "", fmt.Errorf("want a scalar or a list")
+	if !list {
+		return "", fmt.Errorf("want one value")
+	}
+	return "", fmt.Errorf("want a value or a list")
 }
 
 // yamlNumber returns the decimal form of a scalar YAML reads as an

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -315,6 +316,37 @@ func TestParseConfig_PresenceLeaveGraceFollowsWindow(t *testing.T) {
 		_, err := parseConfig(tc.args, env(tc.env), io.Discard)
 		if err == nil || !strings.Contains(err.Error(), "presence-leave-grace") || !strings.Contains(err.Error(), "presence-window") {
 			t.Errorf("%v %v: err = %v, want one naming presence-leave-grace and presence-window", tc.args, tc.env, err)
+		}
+	}
+}
+
+// TestParseConfig_YAMLListOnlyForLists: only the list settings (persist,
+// allowed-origins) take a YAML list. A list given to any other key is
+// refused with an error naming the key, not joined with commas into one
+// value: jwt-audience: [api, web] would otherwise require the audience
+// "api,web" and refuse every token, data-dir: [a, b] would be a directory
+// named "a,b".
+func TestParseConfig_YAMLListOnlyForLists(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for i, y := range []string{
+		"jwt-audience: [api, web]\n",
+		"data-dir:\n  - /var/lib/a\n  - /var/lib/b\n",
+		"hello-timeout: [5s]\n",
+		"insecure: [true]\n",
+	} {
+		key, _, _ := strings.Cut(y, ":")
+		file := filepath.Join(dir, fmt.Sprintf("c%d.yaml", i))
+		if err := os.WriteFile(file, []byte(y), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c, err := parseConfig(nil, env(map[string]string{"SYNCGATE_CONFIG": file}), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "key "+key+":") || !strings.Contains(err.Error(), "list") {
+			var got string
+			if c != nil {
+				got = fmt.Sprintf(" (jwt-audience %q, data-dir %q, hello-timeout %v)", c.JWTAudience, c.DataDir, c.Gateway.HelloTimeout)
+			}
+			t.Errorf("%q: err = %v%s; want an error naming %s and saying it takes no list", y, err, got, key)
 		}
 	}
 }
