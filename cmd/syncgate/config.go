@@ -239,7 +239,7 @@ var settings = []setting{
 	{"pace-cpu", "SYNCGATE_PACE_CPU", "0.4", "share of the cores (0-1) above which busy sessions' frames are batched whatever the write rate",
 		func(c *config, v string) error {
 			f, err := strconv.ParseFloat(v, 64)
-			if err != nil || f <= 0 || f > 1 {
+			if err != nil || !(f > 0) || f > 1 { // !(f > 0): NaN too
 				return fmt.Errorf("want a number in (0, 1], got %q", v)
 			}
 			c.Gateway.PaceCPU = f

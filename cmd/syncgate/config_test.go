@@ -274,6 +274,8 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"overload delay word", nil, map[string]string{"SYNCGATE_OVERLOAD_WRITE_DELAY": "long"}, "SYNCGATE_OVERLOAD_WRITE_DELAY"},
 		{"idle producer bytes zero", []string{"-max-idle-producer-bytes", "0"}, nil, "-max-idle-producer-bytes"},
 		{"idle producer bytes word", nil, map[string]string{"SYNCGATE_MAX_IDLE_PRODUCER_BYTES": "lots"}, "SYNCGATE_MAX_IDLE_PRODUCER_BYTES"},
+		{"pace cpu NaN", []string{"-pace-cpu", "NaN"}, nil, "-pace-cpu"},
+		{"pace cpu nan in env", nil, map[string]string{"SYNCGATE_PACE_CPU": "nan"}, "SYNCGATE_PACE_CPU"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
