@@ -107,6 +107,12 @@ func positiveDurationSetting(p func(*config) *time.Duration) func(*config, strin
 // overflow.
 const maxFrameLimit = 1 << 30
 
+// maxWriters bounds writers: the gateway starts that many goroutines at
+// once (and may run twice as many), so a stray digit must not start
+// millions of them. Far more than the cores of any machine it runs on,
+// which is where more writers stop helping.
+const maxWriters = 4096
+
 // int64Setting parses a non-negative integer (0 meaning "no bound").
 func int64Setting(p func(*config) *int64) func(*config, string) error {
 	return func(c *config, v string) error {
@@ -266,7 +272,7 @@ var settings = []setting{
 			c.Gateway.OverloadWriteDelay = d
 			return nil
 		}},
-	{"writers", "SYNCGATE_WRITERS", "auto", "goroutines that write for sessions on TCP and Unix-socket connections, taking busy sessions in turn (auto: one per core; off: a goroutine per busy session, as TLS connections, and all on systems other than Linux, macOS and OpenBSD, always have)",
+	{"writers", "SYNCGATE_WRITERS", "auto", "goroutines that write for sessions on TCP and Unix-socket connections, taking busy sessions in turn (auto: one per core; off: a goroutine per busy session, as TLS connections, and all on systems other than Linux, macOS and OpenBSD, always have; at most 4096)",
 		func(c *config, v string) error {
 			switch v {
 			case "auto":
@@ -276,9 +282,11 @@ var settings = []setting{
 				c.Gateway.Writers = -1
 				return nil
 			}
-			if err := intSetting(func(c *config) *int { return &c.Gateway.Writers })(c, v); err != nil {
-				return fmt.Errorf("want auto, off or a positive integer, got %q", v)
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 || n > maxWriters {
+				return fmt.Errorf("want auto, off or an integer from 1 to %d, got %q", maxWriters, v)
 			}
+			c.Gateway.Writers = n
 			return nil
 		}},
 	{"max-subscriptions", "SYNCGATE_MAX_SUBSCRIPTIONS", "128", "active subscriptions per session",

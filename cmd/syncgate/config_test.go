@@ -35,7 +35,7 @@ func TestParseConfig_Defaults(t *testing.T) {
 // (zero, negative, the count).
 func TestParseConfig_Writers(t *testing.T) {
 	t.Parallel()
-	for v, want := range map[string]int{"auto": 0, "off": -1, "3": 3} {
+	for v, want := range map[string]int{"auto": 0, "off": -1, "3": 3, "4096": 4096} {
 		c, err := parseConfig([]string{"-writers", v}, env(nil), io.Discard)
 		if err != nil {
 			t.Fatalf("-writers %s: %v", v, err)
@@ -274,6 +274,8 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"overload delay word", nil, map[string]string{"SYNCGATE_OVERLOAD_WRITE_DELAY": "long"}, "SYNCGATE_OVERLOAD_WRITE_DELAY"},
 		{"idle producer bytes zero", []string{"-max-idle-producer-bytes", "0"}, nil, "-max-idle-producer-bytes"},
 		{"idle producer bytes word", nil, map[string]string{"SYNCGATE_MAX_IDLE_PRODUCER_BYTES": "lots"}, "SYNCGATE_MAX_IDLE_PRODUCER_BYTES"},
+		{"writers huge", []string{"-writers", "100000000"}, nil, "-writers"},
+		{"writers over the bound", nil, map[string]string{"SYNCGATE_WRITERS": "4097"}, "SYNCGATE_WRITERS"},
 		{"pace cpu NaN", []string{"-pace-cpu", "NaN"}, nil, "-pace-cpu"},
 		{"pace cpu nan in env", nil, map[string]string{"SYNCGATE_PACE_CPU": "nan"}, "SYNCGATE_PACE_CPU"},
 	} {
