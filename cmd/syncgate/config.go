@@ -679,6 +679,10 @@ func (c *config) validate() error {
 	if c.Addr == "" {
 		return errors.New("addr (SYNCGATE_ADDR) must not be empty")
 	}
+	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+		// Before the loopback check, which would call it not loopback.
+		return fmt.Errorf("addr (SYNCGATE_ADDR) %q: want host:port, e.g. 127.0.0.1:8080: %w", c.Addr, err)
+	}
 	if c.DataDir == "" {
 		return errors.New("data-dir (SYNCGATE_DATA_DIR) must not be empty")
 	}

@@ -354,3 +354,25 @@ func TestParseConfig_YAMLListOnlyForLists(t *testing.T) {
 		}
 	}
 }
+
+// TestParseConfig_AddrWithoutPort: an addr that is not host:port is
+// refused for what it is, naming the setting, whether or not token keys
+// are set; not as a non-loopback address ("127.0.0.1 is not a loopback
+// address"), which sent the operator after -insecure.
+func TestParseConfig_AddrWithoutPort(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+	}{
+		{[]string{"-addr", "127.0.0.1"}, nil},
+		{nil, map[string]string{"SYNCGATE_ADDR": "localhost"}},
+		{[]string{"-addr", "[::1]"}, map[string]string{"SYNCGATE_JWT_SECRET": testJWTSecret}},
+	} {
+		_, err := parseConfig(tc.args, env(tc.env), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "addr (SYNCGATE_ADDR)") || !strings.Contains(err.Error(), "port") ||
+			strings.Contains(err.Error(), "loopback") {
+			t.Errorf("%v %v: err = %v; want one naming addr and saying the port is missing", tc.args, tc.env, err)
+		}
+	}
+}
