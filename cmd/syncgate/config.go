@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"flag"
 	"fmt"
@@ -541,14 +542,34 @@ func loadYAML(c *config, path string) error {
 	}
 	// Decoded as nodes, not into Go values: a value is taken as written,
 	// as a flag would take it (build-id: 1.10 stays "1.10", not 1.1).
-	var doc yaml.Node
-	if err := yaml.Unmarshal(b, &doc); err != nil {
-		return fmt.Errorf("config file %s: %w", path, err)
+	// Every document is read (yaml.Unmarshal reads the first only, and
+	// the settings of another would be dropped without a word); an empty
+	// one (a lone ---, a null) holds no settings, and at most one may
+	// hold any.
+	var root *yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	for {
+		var doc yaml.Node
+		if err := dec.Decode(&doc); err == io.EOF {
+			break
+		} else if err != nil {
+			return fmt.Errorf("config file %s: %w", path, err)
+		}
+		if len(doc.Content) == 0 {
+			continue
+		}
+		n := yamlDeref(doc.Content[0])
+		if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+			continue
+		}
+		if root != nil {
+			return fmt.Errorf("config file %s: line %d: a second YAML document (after ---): put every setting in one", path, n.Line)
+		}
+		root = n
 	}
-	if len(doc.Content) == 0 {
-		return nil // empty file
+	if root == nil {
+		return nil // no settings
 	}
-	root := yamlDeref(doc.Content[0])
 	if root.Kind != yaml.MappingNode {
 		return fmt.Errorf("config file %s: want a mapping of setting names to values", path)
 	}

@@ -376,3 +376,44 @@ func TestParseConfig_AddrWithoutPort(t *testing.T) {
 		}
 	}
 }
+
+// TestParseConfig_YAMLOneDocument: a config file's settings are in one
+// YAML document. A second one with settings (after ---) is refused, not
+// silently ignored with the settings in it; an empty document (a lone
+// ---, as an empty template renders, or a null) holds none, like an
+// empty file, and is no error.
+func TestParseConfig_YAMLOneDocument(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		file := filepath.Join(dir, name)
+		if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return file
+	}
+	file := write("two.yaml", "addr: 127.0.0.1:9000\n---\nhello-timeout: 3s\n")
+	c, err := parseConfig(nil, env(map[string]string{"SYNCGATE_CONFIG": file}), io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "config file") || !strings.Contains(err.Error(), "document") {
+		var got time.Duration
+		if c != nil {
+			got = c.Gateway.HelloTimeout
+		}
+		t.Errorf("err = %v (hello-timeout %v); want an error: the second document's settings were not applied", err, got)
+	}
+	for name, text := range map[string]string{
+		"dashes.yaml":   "---\n",
+		"comment.yaml":  "# nothing set yet\n--- # here\n",
+		"null.yaml":     "~\n",
+		"trailing.yaml": "---\nhello-timeout: 3s\n---\n",
+	} {
+		c, err := parseConfig(nil, env(map[string]string{"SYNCGATE_CONFIG": write(name, text)}), io.Discard)
+		if err != nil {
+			t.Errorf("%q: %v, want no error (an empty document holds no settings)", text, err)
+			continue
+		}
+		if strings.Contains(text, "hello-timeout") && c.Gateway.HelloTimeout != 3*time.Second {
+			t.Errorf("%q: hello-timeout %v, want 3s", text, c.Gateway.HelloTimeout)
+		}
+	}
+}
