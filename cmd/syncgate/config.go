@@ -573,7 +573,7 @@ func loadYAML(c *config, path string) error {
 	if root.Kind != yaml.MappingNode {
 		return fmt.Errorf("config file %s: want a mapping of setting names to values", path)
 	}
-	pairs, err := yamlPairs(root, true)
+	pairs, err := yamlPairs(root)
 	if err != nil {
 		return fmt.Errorf("config file %s: %w", path, err)
 	}
@@ -607,8 +607,9 @@ func loadYAML(c *config, path string) error {
 
 // yamlPairs returns m's key/value pairs in the order to apply them: what
 // merge keys (<<) bring first, then m's own, which override them. A key
-// of m's own may appear once.
-func yamlPairs(m *yaml.Node, top bool) ([][2]*yaml.Node, error) {
+// may appear once in each mapping, m's own and each merged one (as YAML
+// requires of a mapping); a merged mapping's key may be m's too.
+func yamlPairs(m *yaml.Node) ([][2]*yaml.Node, error) {
 	var merged, own [][2]*yaml.Node
 	seen := map[string]bool{}
 	for i := 0; i+1 < len(m.Content); i += 2 {
@@ -623,7 +624,7 @@ func yamlPairs(m *yaml.Node, top bool) ([][2]*yaml.Node, error) {
 				if src.Kind != yaml.MappingNode {
 					return nil, fmt.Errorf("line %d: a merge key (<<) takes a mapping", k.Line)
 				}
-				ps, err := yamlPairs(src, false)
+				ps, err := yamlPairs(src)
 				if err != nil {
 					return nil, err
 				}
@@ -631,7 +632,7 @@ func yamlPairs(m *yaml.Node, top bool) ([][2]*yaml.Node, error) {
 			}
 			continue
 		}
-		if top && seen[k.Value] {
+		if seen[k.Value] {
 			return nil, fmt.Errorf("line %d: key %s appears twice", k.Line, k.Value)
 		}
 		seen[k.Value] = true

@@ -191,12 +191,21 @@ func TestParseConfig_YAMLTakesValuesAsWritten(t *testing.T) {
 	if c, err := parseConfig(nil, env(map[string]string{"SYNCGATE_CONFIG": date}), io.Discard); err != nil || c.Gateway.BuildID != "2026-01-05" {
 		t.Fatalf("a date as build-id: %q, %v", c.Gateway.BuildID, err)
 	}
-	twice := filepath.Join(dir, "twice.yaml")
-	if err := os.WriteFile(twice, []byte("addr: 127.0.0.1:1\naddr: 127.0.0.1:2\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := parseConfig(nil, env(map[string]string{"SYNCGATE_CONFIG": twice}), io.Discard); err == nil || !strings.Contains(err.Error(), "addr") {
-		t.Fatalf("a key twice: %v, want an error naming it", err)
+	for i, text := range []string{
+		"addr: 127.0.0.1:1\naddr: 127.0.0.1:2\n",
+		"<<: {addr: 127.0.0.1:1, addr: 127.0.0.1:2}\n", // twice in one merged mapping
+	} {
+		twice := filepath.Join(dir, fmt.Sprintf("twice%d.yaml", i))
+		if err := os.WriteFile(twice, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if c, err := parseConfig(nil, env(map[string]string{"SYNCGATE_CONFIG": twice}), io.Discard); err == nil || !strings.Contains(err.Error(), "addr") {
+			var got string
+			if c != nil {
+				got = c.Addr
+			}
+			t.Fatalf("%q: %v (addr %q), want an error naming the key given twice", text, err, got)
+		}
 	}
 }
 
