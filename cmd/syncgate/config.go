@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -606,7 +607,8 @@ func loadYAML(c *config, path string) error {
 }
 
 // yamlPairs returns m's key/value pairs in the order to apply them: what
-// merge keys (<<) bring first, then m's own, which override them. A key
+// merge keys (<<) bring first (of a list of mappings, the last first),
+// then m's own, which override them. A key
 // may appear once in each mapping, m's own and each merged one (as YAML
 // requires of a mapping); a merged mapping's key may be m's too.
 func yamlPairs(m *yaml.Node) ([][2]*yaml.Node, error) {
@@ -619,7 +621,9 @@ func yamlPairs(m *yaml.Node) ([][2]*yaml.Node, error) {
 			if srcs[0].Kind == yaml.SequenceNode {
 				srcs = srcs[0].Content
 			}
-			for _, src := range srcs {
+			// An earlier mapping's key overrides a later one's (the
+			// merge key spec), so the earliest is applied last.
+			for _, src := range slices.Backward(srcs) {
 				src = yamlDeref(src)
 				if src.Kind != yaml.MappingNode {
 					return nil, fmt.Errorf("line %d: a merge key (<<) takes a mapping", k.Line)

@@ -238,6 +238,28 @@ func TestParseConfig_YAMLForms(t *testing.T) {
 	}
 }
 
+// TestParseConfig_YAMLMergeListOrder: with a list of mappings under a
+// merge key, a key in an earlier mapping overrides the same key in a
+// later one (the YAML merge key spec, and what yaml.v3 itself does when
+// it decodes into a map); the mapping's own keys override them all.
+func TestParseConfig_YAMLMergeListOrder(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "syncgate.yaml")
+	yaml := "<<: [{max-sessions: 1000, max-subscriptions: 7}, {max-sessions: 2000, max-subscriptions: 8, max-frame: 4096}]\n" +
+		"max-subscriptions: 9\n"
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := parseConfig(nil, env(map[string]string{"SYNCGATE_CONFIG": file}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := c.Gateway; g.MaxSessions != 1000 || g.MaxSubscriptions != 9 || g.MaxFrameBytes != 4096 {
+		t.Errorf("max-sessions %d, max-subscriptions %d, max-frame %d; want 1000 (the first merged mapping), 9 (own), 4096 (the second)",
+			g.MaxSessions, g.MaxSubscriptions, g.MaxFrameBytes)
+	}
+}
+
 func TestParseConfig_Errors(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
