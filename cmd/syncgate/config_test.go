@@ -114,9 +114,11 @@ func TestParseConfig_Precedence(t *testing.T) {
 	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c, err := parseConfig([]string{"-hello-timeout", "500ms"}, env(map[string]string{
-		"SYNCGATE_CONFIG":    file,
-		"SYNCGATE_MAX_FRAME": "2048",
+	c, err := parseConfig([]string{"-hello-timeout", "500ms", "-build-id="}, env(map[string]string{
+		"SYNCGATE_CONFIG":        file,
+		"SYNCGATE_MAX_FRAME":     "2048",
+		"SYNCGATE_HELLO_TIMEOUT": "2s", // the flag must beat it, and the file
+		"SYNCGATE_BUILD_ID":      "b-env",
 	}), io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -125,7 +127,7 @@ func TestParseConfig_Precedence(t *testing.T) {
 		t.Errorf("addr from file: %q", c.Addr)
 	}
 	if c.Gateway.HelloTimeout != 500*time.Millisecond {
-		t.Errorf("hello-timeout: flag should win, got %v", c.Gateway.HelloTimeout)
+		t.Errorf("hello-timeout: the flag should beat env and file, got %v", c.Gateway.HelloTimeout)
 	}
 	if c.Gateway.MaxFrameBytes != 2048 {
 		t.Errorf("max-frame: env should beat the file, got %d", c.Gateway.MaxFrameBytes)
@@ -135,6 +137,9 @@ func TestParseConfig_Precedence(t *testing.T) {
 	}
 	if c.LogFormat != "json" {
 		t.Errorf("log-format: %q", c.LogFormat)
+	}
+	if c.Gateway.BuildID != "" {
+		t.Errorf("build-id: a flag given empty should beat the environment, got %q", c.Gateway.BuildID)
 	}
 }
 
