@@ -228,3 +228,40 @@ func TestRun_BadTLSFileIsAStartError(t *testing.T) {
 		t.Fatalf("printed %q before failing", out.String())
 	}
 }
+
+// TestRun_EmptyJWTKeysFileIsAStartError: a jwt-keys file that is empty
+// (a secret mounted before it was written) stops the start with an error
+// naming jwt-keys: alone it was reported as "no secret and no keys
+// configured", and beside a jwt-secret it was ignored, the node starting
+// with HS256 only and refusing every RS256/ES256 token.
+func TestRun_EmptyJWTKeysFileIsAStartError(t *testing.T) {
+	t.Parallel()
+	keys := filepath.Join(t.TempDir(), "keys.pem")
+	if err := os.WriteFile(keys, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []map[string]string{
+		{"SYNCGATE_JWT_KEYS": keys},
+		{"SYNCGATE_JWT_KEYS": keys, "SYNCGATE_JWT_SECRET": testJWTSecret},
+	} {
+		ctx, cancel := context.WithCancel(t.Context())
+		out := &lineWriter{lines: make(chan string, 16)}
+		done := make(chan error, 1)
+		go func() {
+			done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-data-dir", t.TempDir(), "-drain-spread", "0s"}, env(e), out, io.Discard)
+		}()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), "jwt-keys (SYNCGATE_JWT_KEYS)") || !strings.Contains(err.Error(), "empty") {
+				t.Errorf("%v: run = %v, want an error naming jwt-keys and saying the file is empty", e, err)
+			}
+		case line := <-out.lines:
+			cancel()
+			<-done
+			t.Errorf("%v: started (%q), want a start error", e, strings.TrimSpace(line))
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%v: neither an error nor a start within 10s", e)
+		}
+		cancel()
+	}
+}

@@ -207,6 +207,12 @@ func setVerifier(cfg *config, log *slog.Logger) error {
 		if err != nil {
 			return fmt.Errorf("jwt-keys (SYNCGATE_JWT_KEYS): %w", err)
 		}
+		if len(b) == 0 {
+			// auth.Config takes empty Keys as none: beside a secret the
+			// node would start with HS256 only, alone it would say no
+			// keys are configured.
+			return fmt.Errorf("jwt-keys (SYNCGATE_JWT_KEYS) %s: the file is empty", cfg.JWTKeys)
+		}
 		ac.Keys = b
 	}
 	v, err := auth.New(ac)
