@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -14,6 +15,18 @@ func TestREADME_ListsEverySetting(t *testing.T) {
 		t.Fatal(err)
 	}
 	readme := string(b)
+	// And no row for a setting the command does not take (a stale or
+	// misspelt one): -config aside, every row names a setting, flag and
+	// environment variable alike.
+	known := map[string]bool{"| `-config` | `SYNCGATE_CONFIG` |": true}
+	for _, s := range settings {
+		known["| `-"+s.name+"` | `"+s.env+"` |"] = true
+	}
+	for _, m := range regexp.MustCompile("(?m)^\\| `-[^`]*` \\| `[^`]*` \\|").FindAllString(readme, -1) {
+		if !known[m] {
+			t.Errorf("README has a row %s for no setting of the command", m)
+		}
+	}
 	for _, s := range settings {
 		row := "| `-" + s.name + "` | `" + s.env + "` |"
 		if !strings.Contains(readme, row) {
