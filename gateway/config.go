@@ -412,8 +412,10 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("gateway: negative limit in config")
 	case c.PresenceTTL < 0, c.PresenceWindow < 0, c.PresenceLeaveGrace < 0, c.PresenceMaxListed < 0:
 		return c, fmt.Errorf("gateway: negative presence setting in config")
-	case math.IsNaN(c.AcceptRate):
-		return c, fmt.Errorf("gateway: AcceptRate is NaN: give sessions per second, or a negative rate to turn the limit off")
+	case math.IsNaN(c.AcceptRate), math.IsNaN(c.FrameRate), math.IsNaN(c.BadTokenRate), math.IsNaN(c.PaceCPU):
+		// Every comparison with NaN is false: a NaN rate read as "off",
+		// a NaN PaceCPU as never busy and never idle.
+		return c, fmt.Errorf("gateway: AcceptRate, FrameRate, BadTokenRate and PaceCPU must be numbers, not NaN")
 	case len(c.BuildID) > maxBuildIDLen:
 		// Every hello carries it; a client's hello may carry no longer one.
 		return c, fmt.Errorf("gateway: BuildID is %d bytes, over the limit of %d", len(c.BuildID), maxBuildIDLen)

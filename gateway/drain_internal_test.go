@@ -119,12 +119,14 @@ func TestConfig_DrainBounds(t *testing.T) {
 	}
 }
 
-// TestConfig_AcceptRateAndBuildID: a NaN accept rate is refused (it read
-// as "off"), a huge one gets a burst within int's range, and a BuildID
+// TestConfig_AcceptRateAndBuildID: a NaN rate or PaceCPU is refused (a
+// rate read as "off"), a huge accept rate gets a burst within int's range, and a BuildID
 // longer than a hello may carry is refused at New.
 func TestConfig_AcceptRateAndBuildID(t *testing.T) {
-	if _, err := (Config{AcceptRate: math.NaN()}).withDefaults(); err == nil {
-		t.Error("AcceptRate NaN accepted")
+	for _, c := range []Config{{AcceptRate: math.NaN()}, {FrameRate: math.NaN()}, {BadTokenRate: math.NaN()}, {PaceCPU: math.NaN()}} {
+		if _, err := c.withDefaults(); err == nil {
+			t.Errorf("%+v: NaN accepted", c)
+		}
 	}
 	c, err := (Config{AcceptRate: 1e19}).withDefaults()
 	if err != nil || c.AcceptBurst != 1<<30 {
