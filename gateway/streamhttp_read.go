@@ -343,7 +343,7 @@ func (s *Server) serveLongPoll(w http.ResponseWriter, r *http.Request, name stri
 		return
 	}
 	wait := s.liveFor(s.cfg.LongPollTimeout, until)
-	extendWriteDeadline(w, wait+s.cfg.WriteTimeout)
+	extendWriteDeadline(w, wait, s.cfg.WriteTimeout)
 	waitCtx, cancel := s.liveContext(r.Context(), wait)
 	defer cancel()
 
@@ -411,8 +411,14 @@ func (s *Server) liveContext(parent context.Context, d time.Duration) (context.C
 }
 
 // extendWriteDeadline lets a live response outlast the http.Server's
-// WriteTimeout: the deadline becomes now+d.
-func extendWriteDeadline(w http.ResponseWriter, d time.Duration) {
+// WriteTimeout: the deadline becomes now+wait+write, or as far as a
+// Duration reaches if that sum overflows (it would land in the past, and
+// the answer would never be written).
+func extendWriteDeadline(w http.ResponseWriter, wait, write time.Duration) {
+	d := wait + write
+	if d < wait {
+		d = math.MaxInt64
+	}
 	// ErrNotSupported (a wrapped or test ResponseWriter) leaves the
 	// server's own deadline, which is all that can be done.
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(d))

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -480,6 +481,29 @@ func TestStreamHTTP_LongPoll(t *testing.T) {
 	}()
 	s.do(t, "POST", p, hdr("Content-Type", "text/plain"), "new").want(t, 204)
 	(<-done).want(t, 200).wantBody(t, "new").wantHeader(t, "Stream-Up-To-Date", "true")
+}
+
+// TestStreamHTTP_LongPollTimeoutAtItsLimit: a long-poll timeout as long
+// as a time.Duration holds still answers: its write deadline (the wait
+// plus WriteTimeout) overflowed into the past, and the answer was never
+// written.
+func TestStreamHTTP_LongPollTimeoutAtItsLimit(t *testing.T) {
+	t.Parallel()
+	s := newStreamServer(t, gateway.Config{LongPollTimeout: math.MaxInt64})
+	const p = "/v1/stream/lpmax"
+	tail := s.do(t, "PUT", p, hdr("Content-Type", "text/plain"), "old").want(t, 201).header.Get("Stream-Next-Offset")
+	done := make(chan error, 1)
+	var got reply
+	go func() {
+		var err error
+		got, err = s.try("GET", p+"?offset="+tail+"&live=long-poll", nil, "")
+		done <- err
+	}()
+	s.do(t, "POST", p, hdr("Content-Type", "text/plain"), "new").want(t, 204)
+	if err := <-done; err != nil {
+		t.Fatalf("long-poll: %v", err)
+	}
+	got.want(t, 200).wantBody(t, "new")
 }
 
 // sseEvent is one parsed SSE event.
