@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -55,12 +56,19 @@ func newPresenceHub(srv *Server, reg presence.Registry) *presenceHub {
 	}
 }
 
+// presenceMaxSkew bounds how far a member's updatedAt may run ahead of
+// the clock: the gateway clamps a session's writes to it (stampLocked),
+// and the registry it builds is given the same bound, so both order a
+// session's writes alike.
+const presenceMaxSkew = time.Second
+
 // newPresenceRegistry builds the in-process registry from cfg.
 func newPresenceRegistry(cfg Config) (presence.Registry, error) {
 	return presence.NewMemoryRegistry(presence.Config{
 		TTL:        cfg.PresenceTTL,
 		Window:     cfg.PresenceWindow,
 		LeaveGrace: cfg.PresenceLeaveGrace,
+		MaxSkew:    presenceMaxSkew,
 		MaxListed:  cfg.PresenceMaxListed,
 		Now:        cfg.Now,
 	})
@@ -181,7 +189,9 @@ func (p *presenceHub) rejoin(ctx context.Context, s *session) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for topic, m := range p.held[s] { // nil once the session closed
-		m.UpdatedAt = 0 // now: its last write is older than the TTL
+		// The state that won, stamped as it was written: the member may
+		// still be held by another session (a second tab), whose newer
+		// write must stay.
 		if _, err := p.reg.Join(ctx, topic, s.id, m); err != nil {
 			p.srv.log.Warn("presence rejoin failed", logKeySession, s.id, "topic", topic, "err", err)
 			delete(p.held[s], topic)
@@ -303,6 +313,7 @@ func (p *presenceHub) join(ctx context.Context, s *session, topic, ref string, m
 	_, joined := p.held[s][topic]
 	var list *rate.Reservation // the list this join is sent, if it needs one
 	now := p.srv.cfg.Now()
+	m = p.stampLocked(s, topic, m, now)
 	if !joined {
 		if s.syncs == nil {
 			s.syncs = rate.NewLimiter(presenceSyncRate, max(1, p.srv.cfg.MaxSubscriptions))
@@ -332,12 +343,17 @@ func (p *presenceHub) join(ctx context.Context, s *session, topic, ref string, m
 
 // update writes s's member m in topic. A registry that lost the member
 // while the session held it (its hold expired in a stall longer than the
-// TTL, before the refresh loop's rejoin) is joined again with m: the
+// TTL, before the refresh loop's rejoin) is joined again with the
+// session's state that won (m, unless m lost by last-write-wins): the
 // client joined and never left, so its update is not refused, and the
 // rejoin that follows does not write the state m replaced. The rejoin
-// here and the refresh loop's both run under mu, so whichever comes
-// second writes what the session last held.
+// here and the refresh loop's both write the session's state stamped as
+// it was written, and the registry orders writes by their stamps, so
+// neither undoes the other, in whichever order they come.
 func (p *presenceHub) update(ctx context.Context, s *session, topic string, m presence.Member) error {
+	p.mu.Lock()
+	m = p.stampLocked(s, topic, m, p.srv.cfg.Now())
+	p.mu.Unlock()
 	err := p.reg.Update(ctx, topic, s.id, m)
 	if err != nil && !errors.Is(err, presence.ErrNotJoined) {
 		return err
@@ -355,6 +371,45 @@ func (p *presenceHub) update(ctx context.Context, s *session, topic string, m pr
 	}
 	p.holdLocked(s, topic, m)
 	return nil
+}
+
+// stampLocked returns the write s's member in topic stands at after
+// the client's write m, as the registry orders writes (last write wins):
+// m with a concrete UpdatedAt, or the session's earlier write if that
+// wins. UpdatedAt 0 or less ("now") is stamped now, but after the
+// session's earlier write: a session's writes stamped "now" win in the
+// order they arrive, also in one millisecond or after the clock stepped
+// back (by less than presenceMaxSkew). Every stamp is clamped to
+// now+presenceMaxSkew, as the registry clamps it.
+//
+// What it returns is what the session holds (holdLocked) and what a
+// rejoin writes again, stamped as it was: "now" at the rejoin would beat
+// a newer write of another session holding the member, or bring back a
+// write that had lost.
+func (p *presenceHub) stampLocked(s *session, topic string, m presence.Member, now time.Time) presence.Member {
+	ms := now.UnixMilli()
+	prev, ok := p.held[s][topic]
+	if m.UpdatedAt <= 0 {
+		m.UpdatedAt = ms
+		if ok {
+			m.UpdatedAt = max(ms, prev.UpdatedAt+1)
+		}
+	}
+	m.UpdatedAt = min(m.UpdatedAt, ms+presenceMaxSkew.Milliseconds())
+	if ok && !newerWrite(m, prev) {
+		return prev
+	}
+	return m
+}
+
+// newerWrite reports whether a beats b, two writes of one session, by the
+// registry's last-write-wins key: UpdatedAt, then Meta bytewise. Equal
+// keys are the same write.
+func newerWrite(a, b presence.Member) bool {
+	if a.UpdatedAt != b.UpdatedAt {
+		return a.UpdatedAt > b.UpdatedAt
+	}
+	return bytes.Compare(a.Meta, b.Meta) > 0
 }
 
 func (p *presenceHub) holdLocked(s *session, topic string, m presence.Member) {

@@ -685,3 +685,158 @@ func TestPresence_ListsPerSessionAreRationed(t *testing.T) {
 		t.Fatalf("the refused join is listed: %s", memberIDs(sync.Members))
 	}
 }
+
+// stallHolder is a registry whose next Refresh of one holder, once
+// armed, finds it gone, as after that session stalled longer than the
+// TTL: it drops the holder's holds and answers ErrNotJoined.
+type stallHolder struct {
+	presence.Registry
+	mu     sync.Mutex
+	holder string // armed for this holder; "" when not armed
+}
+
+func (r *stallHolder) arm(holder string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.holder = holder
+}
+
+func (r *stallHolder) Refresh(ctx context.Context, holder string) error {
+	r.mu.Lock()
+	stall := holder != "" && holder == r.holder
+	if stall {
+		r.holder = ""
+	}
+	r.mu.Unlock()
+	if stall {
+		if err := r.Registry.LeaveAll(ctx, holder); err != nil {
+			return err
+		}
+		return presence.ErrNotJoined
+	}
+	return r.Registry.Refresh(ctx, holder)
+}
+
+// memberIn returns member id of a sync, or nil.
+func memberIn(sync *frames.Presence, id string) *frames.Member {
+	for i := range sync.Members {
+		if sync.Members[i].ID == id {
+			return &sync.Members[i]
+		}
+	}
+	return nil
+}
+
+// TestPresence_RejoinKeepsLastWriteWins: the refresh loop joins a
+// stalled session's member again with the state that won, stamped as it
+// was written. It rejoined with the session's last frame stamped "now":
+// a write that had lost by last-write-wins came back, and the member's
+// newer state written by another session holding it (a second tab with
+// the same clientId) was overwritten by an older one.
+func TestPresence_RejoinKeepsLastWriteWins(t *testing.T) {
+	t.Parallel()
+	const ttl = 300 * time.Millisecond
+	base := time.Now().Add(-10 * time.Second).UnixMilli()
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T, srv *testServer) (stalled string)
+		want  string // the meta of member "tab" after the rejoin
+	}{
+		{"a write that lost", func(t *testing.T, srv *testServer) string {
+			a := gwtest.Dial(t, srv.url, nil)
+			h := a.Hello("tab", 0)
+			a.Subscribe("s", "room")
+			sendPresence(a, "room", frames.PresenceJoin, `{"v":0}`, base)
+			a.AwaitAck("presence:room")
+			for _, w := range []struct {
+				meta string
+				at   int64
+			}{{`{"v":2}`, base + 2000}, {`{"v":1}`, base + 1000}} { // the second arrives late
+				if code := presenceAck(a, "room", frames.PresenceUpdate, w.meta, w.at); code != "" {
+					t.Fatal(code)
+				}
+			}
+			return *h.SessionID
+		}, `{"v":2}`},
+		{"another holder's newer write", func(t *testing.T, srv *testServer) string {
+			old := gwtest.Dial(t, srv.url, nil)
+			h := old.Hello("tab", 0)
+			old.Subscribe("s", "room")
+			sendPresence(old, "room", frames.PresenceJoin, `{"who":"old"}`, base)
+			old.AwaitAck("presence:room")
+			tab := gwtest.Dial(t, srv.url, nil)
+			tab.Hello("tab", 0)
+			tab.Subscribe("s", "room")
+			sendPresence(tab, "room", frames.PresenceJoin, `{"who":"new"}`, base+1000)
+			tab.AwaitAck("presence:room")
+			return *h.SessionID
+		}, `{"who":"new"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			mem, err := presence.NewMemoryRegistry(presence.Config{TTL: ttl, Window: 20 * time.Millisecond, LeaveGrace: 40 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			reg := &stallHolder{Registry: mem}
+			srv := newTestServer(t, gateway.Config{Presence: reg, PresenceTTL: ttl, PresenceWindow: 20 * time.Millisecond})
+			reg.arm(tc.setup(t, srv))
+			gwtest.Eventually(t, gwtest.Timeout, "a rejoin counted", func() bool {
+				return strings.Contains(scrape(t, srv.ts.URL), "\nsyncgate_presence_rejoins_total 1\n")
+			})
+			c := gwtest.Dial(t, srv.url, nil)
+			c.Hello("", 0)
+			c.Subscribe("s", "room")
+			if m := memberIn(join(t, c, "room", `null`), "tab"); m == nil || string(m.Meta) != tc.want {
+				t.Fatalf("after the rejoin tab = %+v, want meta %s", m, tc.want)
+			}
+		})
+	}
+}
+
+// TestPresence_WritesStampedNowKeepTheirOrder: a session's writes with
+// updatedAt 0 ("now") win in the order they arrive, also within one
+// millisecond (the clock stands still here) or after the clock stepped
+// back (by less than the registry's MaxSkew). Both got the same stamp,
+// or the later one an earlier stamp, and the tie went to the greater
+// meta, so the later write was acked and dropped.
+func TestPresence_WritesStampedNowKeepTheirOrder(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	now := time.Unix(1_700_000_000, 0)
+	clock := func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return now
+	}
+	srv := newTestServer(t, fastPresence(gateway.Config{Now: clock}))
+	a := gwtest.Dial(t, srv.url, nil)
+	a.Hello("a", 0)
+	a.Subscribe("s", "room")
+	join(t, a, "room", `{"typing":true}`)
+	b := gwtest.Dial(t, srv.url, nil)
+	b.Hello("b", 0)
+	b.Subscribe("s", "room")
+	join(t, b, "room", `null`)
+	probe := func(what, want string) {
+		t.Helper()
+		c := gwtest.Dial(t, srv.url, nil)
+		c.Hello("", 0)
+		c.Subscribe("s", "room")
+		if m := memberIn(join(t, c, "room", `null`), "a"); m == nil || string(m.Meta) != want {
+			t.Fatalf("%s: a = %+v, want meta %s", what, m, want)
+		}
+	}
+	if code := presenceAck(a, "room", frames.PresenceUpdate, `{"typing":false}`, 0); code != "" {
+		t.Fatal(code)
+	}
+	probe("an update in the join's millisecond", `{"typing":false}`)
+
+	mu.Lock()
+	now = now.Add(-500 * time.Millisecond) // the clock stepped back
+	mu.Unlock()
+	if code := presenceAck(a, "room", frames.PresenceUpdate, `{"typing":"again"}`, 0); code != "" {
+		t.Fatal(code)
+	}
+	probe("an update after the clock stepped back", `{"typing":"again"}`)
+}
