@@ -153,6 +153,19 @@ func (p *presenceHub) count(total int) int64 {
 	return 0
 }
 
+// syncCount is the wire count of sn: its Total when the lists are
+// capped or when sn leaves a present member out, else 0. The second
+// happens with Total within the limit: listed slots stay taken by members
+// that left before their join was reported (neither listed to a joiner
+// nor counted) until a Flush, or their leave grace, frees them for the
+// members waiting.
+func (p *presenceHub) syncCount(sn *presence.Sync) int64 {
+	if sn.Total > len(sn.Members) {
+		return int64(sn.Total)
+	}
+	return p.count(sn.Total)
+}
+
 func wireMembers(ms []presence.Member) []frames.Member {
 	out := make([]frames.Member, len(ms))
 	for i, m := range ms {
@@ -336,7 +349,7 @@ func (p *presenceHub) join(ctx context.Context, s *session, topic, ref string, m
 	p.holdLocked(s, topic, m)
 	s.sendAck(ref, nil)
 	if !joined {
-		s.send(&frames.Presence{Topic: topic, Op: frames.PresenceSync, Members: wireMembers(sn.Members), Count: p.count(sn.Total)})
+		s.send(&frames.Presence{Topic: topic, Op: frames.PresenceSync, Members: wireMembers(sn.Members), Count: p.syncCount(&sn)})
 	}
 	return nil
 }

@@ -840,3 +840,34 @@ func TestPresence_WritesStampedNowKeepTheirOrder(t *testing.T) {
 	}
 	probe("an update after the clock stepped back", `{"typing":"again"}`)
 }
+
+// TestPresence_SyncCountWhenListIncomplete: a sync that leaves out a
+// present member carries the count, though the total is within
+// PresenceMaxListed. Here the listed slots are still taken by two members
+// that left in the open window, so d, unlisted, is not in j's sync; the
+// count was left out (the total, 3, is not over the limit of 3), which
+// tells a client its list of two is complete.
+func TestPresence_SyncCountWhenListIncomplete(t *testing.T) {
+	t.Parallel()
+	// No window closes during the test.
+	srv := newTestServer(t, gateway.Config{PresenceMaxListed: 3, PresenceWindow: time.Minute})
+	conns := map[string]*gwtest.Conn{}
+	for _, id := range []string{"a", "b", "c", "d", "j"} {
+		c := gwtest.Dial(t, srv.url, nil)
+		c.Hello(id, 0)
+		c.Subscribe("s", "room")
+		conns[id] = c
+	}
+	for _, id := range []string{"a", "b", "c", "d"} {
+		join(t, conns[id], "room", `null`)
+	}
+	for _, id := range []string{"b", "c"} {
+		if code := presenceAck(conns[id], "room", frames.PresenceLeave, `null`, 0); code != "" {
+			t.Fatal(code)
+		}
+	}
+	sync := join(t, conns["j"], "room", `null`)
+	if got := memberIDs(sync.Members); sync.Count != 3 && !strings.Contains(got, "d") {
+		t.Fatalf("j's sync lists %s with count %d: d is present and neither listed nor counted", got, sync.Count)
+	}
+}
