@@ -415,7 +415,9 @@ func (r *MemoryRegistry) flushTopicLocked(t *topic, now time.Time) (Diff, bool) 
 			continue
 		}
 		t.list(mem)
-		mem.visible = true
+		// The join carries its state: changes made while it was unlisted
+		// are reported.
+		mem.visible, mem.modified = true, false
 		d.Joins = append(d.Joins, mem.state)
 	}
 

@@ -769,6 +769,14 @@ func testListedLimit(e *env) {
 	e.wantDiffs(m, "room", "m4||m2|3")
 	got := e.since(m, "room")[0].Joins[0]
 	wantMember(e.t, "promoted", got, e.member("m4", `1`, got.UpdatedAt))
+
+	// Its update while unlisted was reported by the join: coming back
+	// within the grace with the same meta reports nothing.
+	m = e.mark()
+	e.leave("room", "h4")
+	e.join("room", "h6", e.member("m4", `1`, e.ms(0)))
+	e.run(e.cfg.LeaveGrace + e.cfg.Window)
+	e.wantDiffs(m, "room")
 }
 
 // testMetaLimit: Meta up to MaxMetaBytes is accepted, longer refused.
