@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -387,7 +386,7 @@ func (p *presenceHub) update(ctx context.Context, s *session, topic string, m pr
 }
 
 // stampLocked returns the write s's member in topic stands at after
-// the client's write m, as the registry orders writes (last write wins):
+// the client's write m, as the registry orders writes ([presence.Wins]):
 // m with a concrete UpdatedAt, or the session's earlier write if that
 // wins. UpdatedAt 0 or less ("now") is stamped now, but after the
 // session's earlier write: a session's writes stamped "now" win in the
@@ -409,20 +408,10 @@ func (p *presenceHub) stampLocked(s *session, topic string, m presence.Member, n
 		}
 	}
 	m.UpdatedAt = min(m.UpdatedAt, ms+presenceMaxSkew.Milliseconds())
-	if ok && !newerWrite(m, prev) {
+	if ok && !presence.Wins(m, s.id, prev, s.id) {
 		return prev
 	}
 	return m
-}
-
-// newerWrite reports whether a beats b, two writes of one session, by the
-// registry's last-write-wins key: UpdatedAt, then Meta bytewise. Equal
-// keys are the same write.
-func newerWrite(a, b presence.Member) bool {
-	if a.UpdatedAt != b.UpdatedAt {
-		return a.UpdatedAt > b.UpdatedAt
-	}
-	return bytes.Compare(a.Meta, b.Meta) > 0
 }
 
 func (p *presenceHub) holdLocked(s *session, topic string, m presence.Member) {

@@ -2,7 +2,6 @@ package presence
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"slices"
 	"strings"
@@ -313,7 +312,7 @@ func (r *MemoryRegistry) holdLocked(t *topic, holderID string, m Member, now tim
 // writeLocked applies holderID's write m to mem if it wins by
 // last-write-wins.
 func (r *MemoryRegistry) writeLocked(mem *member, holderID string, m Member, now time.Time) {
-	if !wins(m, holderID, mem.state, mem.writer) {
+	if !Wins(m, holderID, mem.state, mem.writer) {
 		return
 	}
 	if differs(mem.state, m) {
@@ -492,18 +491,6 @@ func (t *topic) unlist(mem *member) {
 }
 
 func cmpID(mem *member, id string) int { return strings.Compare(mem.state.ID, id) }
-
-// wins reports whether write a by holder ah beats b by holder bh: the
-// greater (UpdatedAt, Meta, holder) key wins. Equal keys are the same write.
-func wins(a Member, ah string, b Member, bh string) bool {
-	if c := cmp.Compare(a.UpdatedAt, b.UpdatedAt); c != 0 {
-		return c > 0
-	}
-	if c := bytes.Compare(a.Meta, b.Meta); c != 0 {
-		return c > 0
-	}
-	return ah > bh
-}
 
 // differs reports whether observers would see a change from a to b.
 func differs(a, b Member) bool {

@@ -1,6 +1,8 @@
 package presence
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,6 +19,22 @@ type Member struct {
 	ActorID   *string         // set by the gateway from the session; nil for anonymous
 	Meta      json.RawMessage // client-chosen JSON, at most Config.MaxMetaBytes; nil encodes as null
 	UpdatedAt int64           // ms since the Unix epoch; orders writes (last write wins)
+}
+
+// Wins reports whether write a by holder ah beats write b by holder bh
+// by last-write-wins (docs/presence.md): the greater (UpdatedAt, Meta
+// bytewise, holder) key wins, with UpdatedAt already made concrete (a
+// registry stamps 0 as now, clamped to now+MaxSkew). Equal keys are the
+// same write. Every Registry orders writes by it, and a caller that must
+// know which of two of its writes stands (the gateway) asks it.
+func Wins(a Member, ah string, b Member, bh string) bool {
+	if c := cmp.Compare(a.UpdatedAt, b.UpdatedAt); c != 0 {
+		return c > 0
+	}
+	if c := bytes.Compare(a.Meta, b.Meta); c != 0 {
+		return c > 0
+	}
+	return ah > bh
 }
 
 // Sync is a topic's member list for one joiner, taken when it joined.
