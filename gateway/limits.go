@@ -66,8 +66,12 @@ func (s *session) allowFrame(now time.Time) bool {
 		return true
 	}
 	ns := now.UnixNano()
-	if ns-s.limitedLast > int64(time.Second) {
+	if ns-s.limitedLast > int64(time.Second) || s.flood.Load() == nil {
 		s.limitedSince = ns // a new run of refusals
+		// Its first frame is answered, and only it: frames refused at the
+		// same clock reading (a coarse clock, a message of many frames)
+		// are its others, not firsts of runs of their own.
+		s.limitedSent = ns - int64(rateLimitAnswerEvery)
 	}
 	s.limitedLast = ns
 	return false
@@ -82,7 +86,7 @@ func (s *session) rateLimited(line []byte, now time.Time) time.Duration {
 	s.srv.metrics.framesRateLimited.Inc()
 	s.dropped = true
 	s.limitedDrops++
-	if s.limitedLast == s.limitedSince || s.limitedLast-s.limitedSent >= int64(rateLimitAnswerEvery) {
+	if s.limitedLast-s.limitedSent >= int64(rateLimitAnswerEvery) {
 		ref := ""
 		if f, err := frames.Decode(line); err == nil {
 			ref = refOf(f)

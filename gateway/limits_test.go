@@ -394,3 +394,37 @@ func TestLimits_EmptyMessagesCountAgainstFrameRate(t *testing.T) {
 	close(stop)
 	<-flooded
 }
+
+// Frames refused at one instant are one run: only its first is answered
+// X_RATE_LIMITED, however many share the clock reading (a coarse clock, or
+// a message of many frames read within one tick).
+func TestLimits_RateLimitedOncePerInstant(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{t: time.Unix(1_700_000_000, 0)}
+	srv := newTestServer(t, gateway.Config{Now: clock.Now, FrameRate: 1, FrameBurst: 1, RateLimitClose: -1})
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0) // takes the only token
+	c.SendRaw(strings.TrimSuffix(strings.Repeat(dropFrame+"\n", 5), "\n"))
+	gwtest.Eventually(t, gwtest.Timeout, "five frames refused", func() bool {
+		return metricValue(t, scrape(t, srv.ts.URL), "syncgate_frames_rate_limited_total") == 5
+	})
+	clock.Advance(2 * time.Second) // a token again, and a new run
+	c.SendRaw(dropFrame)
+	answers := 0
+	for {
+		ack := gwtest.Expect[*frames.Ack](c)
+		if ack.Error == nil {
+			t.Fatalf("ack without error: %+v", ack)
+		}
+		if ack.Error.Code == frames.CodeNotSubscribed {
+			break
+		}
+		if ack.Error.Code != frames.CodeRateLimited {
+			t.Fatalf("ack %+v", ack.Error)
+		}
+		answers++
+	}
+	if answers != 1 {
+		t.Fatalf("%d X_RATE_LIMITED answers to five frames refused at one instant, want 1", answers)
+	}
+}

@@ -64,7 +64,7 @@ type session struct {
 	syncs        *rate.Limiter              // presence lists sent on join (presence.go); nil until the first join
 	limitedSince int64                      // Unix nanoseconds: start of the current run of refused frames
 	limitedLast  int64                      // Unix nanoseconds: the last refused frame
-	limitedSent  int64                      // Unix nanoseconds: the last X_RATE_LIMITED answer
+	limitedSent  int64                      // Unix nanoseconds: the last X_RATE_LIMITED answer (set back by rateLimitAnswerEvery when a run starts, so its first is answered)
 	limitedDrops int                        // frames refused since that answer
 	flood        atomic.Pointer[floodState] // set by the reader at its first refused frame
 	ip           string                     // counted in srv.perIP
