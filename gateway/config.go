@@ -105,7 +105,9 @@ type Config struct {
 	// (a token bucket of FrameBurst); a frame over it is dropped and
 	// answered with X_RATE_LIMITED, and a session that keeps flooding is
 	// read more slowly (limits.go). Zero means 1000; negative turns the
-	// limit off. FrameBurst zero means twice FrameRate. With a Verifier
+	// limit off; +Inf is refused (the hello carries the rate, and JSON
+	// has no infinity). FrameBurst zero means twice FrameRate (at most
+	// 2^30). With a Verifier
 	// the same bucket bounds the HTTP stream writes of each token sub,
 	// across its requests (Server.httpWriters, limits.go).
 	FrameRate  float64
@@ -388,13 +390,13 @@ func (c Config) withDefaults() (Config, error) {
 	setDefault(&c.TokenGrace, 30*time.Second)
 	setDefault(&c.FrameRate, 1000)
 	if c.FrameBurst == 0 && c.FrameRate > 0 {
-		c.FrameBurst = max(1, int(2*c.FrameRate))
+		c.FrameBurst = max(1, int(min(2*c.FrameRate, 1<<30))) // within int's range, as AcceptBurst
 	}
 	setDefault(&c.RateLimitClose, 10*time.Second)
 	setDefault(&c.MaxSessionsPerActor, 100)
 	setDefault(&c.BadTokenRate, 10)
 	if c.BadTokenBurst == 0 && c.BadTokenRate > 0 {
-		c.BadTokenBurst = max(1, int(2*c.BadTokenRate))
+		c.BadTokenBurst = max(1, int(min(2*c.BadTokenRate, 1<<30)))
 	}
 	if c.Rand == nil {
 		c.Rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())) // the global source is seeded from crypto/rand
@@ -416,6 +418,10 @@ func (c Config) withDefaults() (Config, error) {
 		// Every comparison with NaN is false: a NaN rate read as "off",
 		// a NaN PaceCPU as never busy and never idle.
 		return c, fmt.Errorf("gateway: AcceptRate, FrameRate, BadTokenRate and PaceCPU must be numbers, not NaN")
+	case math.IsInf(c.FrameRate, 1):
+		// Every hello carries it, and JSON has no infinity: no hello
+		// could be answered.
+		return c, fmt.Errorf("gateway: FrameRate is +Inf: give frames per second, or a negative rate to turn the limit off")
 	case len(c.BuildID) > maxBuildIDLen:
 		// Every hello carries it; a client's hello may carry no longer one.
 		return c, fmt.Errorf("gateway: BuildID is %d bytes, over the limit of %d", len(c.BuildID), maxBuildIDLen)

@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -426,5 +427,25 @@ func TestLimits_RateLimitedOncePerInstant(t *testing.T) {
 	}
 	if answers != 1 {
 		t.Fatalf("%d X_RATE_LIMITED answers to five frames refused at one instant, want 1", answers)
+	}
+}
+
+// A frame rate the hello cannot carry is refused at New: +Inf is not JSON,
+// so no session's hello could be answered (-Inf is off, as any negative
+// rate). A huge finite one gets a burst within int's range, announced in
+// the hello, not whatever the conversion of its double made of it.
+func TestLimits_FrameRateBounds(t *testing.T) {
+	t.Parallel()
+	if _, err := gateway.New(gateway.Config{FrameRate: math.Inf(1)}); err == nil {
+		t.Error("FrameRate +Inf accepted")
+	}
+	off := newTestServer(t, gateway.Config{FrameRate: math.Inf(-1)})
+	if h := gwtest.Dial(t, off.url, nil).Hello("", 0); h.FrameRate != 0 || h.FrameBurst != 0 {
+		t.Errorf("hello at FrameRate -Inf (off): frameRate %v, frameBurst %d; want neither", h.FrameRate, h.FrameBurst)
+	}
+	srv := newTestServer(t, gateway.Config{FrameRate: 1e19})
+	c := gwtest.Dial(t, srv.url, nil)
+	if h := c.Hello("", 0); h.FrameRate != 1e19 || h.FrameBurst != 1<<30 {
+		t.Fatalf("hello at FrameRate 1e19: frameRate %v, frameBurst %d; want a burst of %d", h.FrameRate, h.FrameBurst, 1<<30)
 	}
 }
