@@ -182,12 +182,19 @@ func (s *session) handleFrameSubscribe(ctx context.Context, f *frames.Subscribe)
 				"drop only sids you added and have not dropped"))
 			return
 		}
-		delete(s.subs, f.SID)
-		s.srv.presence.unsubscribed(ctx, s, sub.topic) // the last one leaves the topic's presence
+		// The transport first: a subscription it could not drop (a
+		// transport over a network may fail) is still delivered to, so it
+		// stays the session's, for a retry and for run to unsubscribe at
+		// close, rather than acked as dropped and left registered.
 		if err := s.srv.transport.Unsubscribe(ctx, sub.topic, sub); err != nil {
 			s.log().Warn("unsubscribe failed", "topic", sub.topic, "err", err)
+			s.sendError(frames.NewError(frames.CodeInternal, f.SID, "the server could not drop subscription "+quote(f.SID)+"; it is still active",
+				"retry the drop later"))
+			return
 		}
-		sub.endPersisted() // a replay stops before the drop is acked
+		delete(s.subs, f.SID)
+		s.srv.presence.unsubscribed(ctx, s, sub.topic) // the last one leaves the topic's presence
+		sub.endPersisted()                             // a replay stops before the drop is acked
 		s.sendAck(f.SID, nil)
 		return
 	}

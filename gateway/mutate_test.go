@@ -457,3 +457,85 @@ func TestGateway_RetryOfLastSeq(t *testing.T) {
 		t.Fatalf("retry of seq 2^63-1: %+v %+v, want its first ack %s", r, r.Error, *first.LSN)
 	}
 }
+
+// unsubFailingTransport is a real Hub whose Unsubscribe fails while fail
+// is set, as a transport over a network may (the Transport contract
+// allows it; the Hub never fails).
+type unsubFailingTransport struct {
+	*fanout.Hub
+	fail atomic.Bool
+}
+
+func (f *unsubFailingTransport) Unsubscribe(ctx context.Context, topic string, s fanout.Subscriber) error {
+	if f.fail.Load() {
+		return errors.New("injected unsubscribe failure")
+	}
+	return f.Hub.Unsubscribe(ctx, topic, s)
+}
+
+// A drop the transport could not carry out is not acked as done: the
+// subscription, still registered with the transport, stays the session's
+// (X_INTERNAL), so no patch follows a successful drop ack, the drop can be
+// sent again, and the session's close unsubscribes it.
+func TestGateway_DropThatFailsStaysSubscribed(t *testing.T) {
+	t.Parallel()
+	hub := fanout.NewHub(fanout.HubConfig{})
+	t.Cleanup(func() { _ = hub.Close() })
+	tr := &unsubFailingTransport{Hub: hub}
+	srv := newTestServer(t, gateway.Config{Transport: tr})
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0)
+	c.Subscribe("a", "t")
+	drop := func() *frames.Ack {
+		t.Helper()
+		c.Send(&frames.Subscribe{Op: frames.OpDrop, SID: "a", Target: frames.Target{Kind: frames.TargetTopic, Topic: "t"}})
+		return gwtest.Expect[*frames.Ack](c)
+	}
+	tr.fail.Store(true)
+	if ack := drop(); ack.Ref != "a" || ack.Error == nil || ack.Error.Code != frames.CodeInternal {
+		t.Fatalf("drop the transport refused: %+v %+v, want X_INTERNAL", ack, ack.Error)
+	}
+	// Still subscribed: a's patch comes (before the ack on an ephemeral
+	// topic), and a second add of the sid is refused.
+	if r := c.Publish("k0", 0, "t", `1`); r.Error != nil {
+		t.Fatal(r.Error)
+	}
+	if p := gwtest.Expect[*frames.Patch](c); p.SID != "a" {
+		t.Fatalf("patch %+v", p)
+	}
+	c.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "a", Target: frames.Target{Kind: frames.TargetTopic, Topic: "t"}})
+	if ack := gwtest.Expect[*frames.Ack](c); ack.Error == nil || ack.Error.Code != frames.CodeSIDInUse {
+		t.Fatalf("add of a sid whose drop failed: %+v %+v, want X_SID_IN_USE", ack, ack.Error)
+	}
+	// The session's close unsubscribes it, failing transport or not once
+	// it works again.
+	tr.fail.Store(false)
+	c.Close()
+	gwtest.Eventually(t, gwtest.Timeout, "the closed session's subscription unsubscribed", func() bool {
+		return hub.Subscribers("t") == 0
+	})
+
+	// Dropped again once the transport works: acked, and no patch after.
+	d := gwtest.Dial(t, srv.url, nil)
+	d.Hello("", 0)
+	d.Subscribe("a", "t")
+	d.Subscribe("b", "u")
+	tr.fail.Store(true)
+	d.Send(&frames.Subscribe{Op: frames.OpDrop, SID: "a", Target: frames.Target{Kind: frames.TargetTopic, Topic: "t"}})
+	if ack := gwtest.Expect[*frames.Ack](d); ack.Error == nil || ack.Error.Code != frames.CodeInternal {
+		t.Fatalf("drop the transport refused: %+v", ack)
+	}
+	tr.fail.Store(false)
+	d.Send(&frames.Subscribe{Op: frames.OpDrop, SID: "a", Target: frames.Target{Kind: frames.TargetTopic, Topic: "t"}})
+	if ack := gwtest.Expect[*frames.Ack](d); ack.Ref != "a" || ack.Error != nil {
+		t.Fatalf("drop again: %+v %+v", ack, ack.Error)
+	}
+	d.Publish("k0", 0, "t", `"dropped"`)
+	d.Publish("k1", 1, "u", `"kept"`)
+	if p := gwtest.Expect[*frames.Patch](d); p.SID != "b" {
+		t.Fatalf("patch after the drop's ack: %+v", p)
+	}
+	if n := hub.Subscribers("t"); n != 0 {
+		t.Fatalf("%d subscribers of t left in the transport after the drop", n)
+	}
+}
