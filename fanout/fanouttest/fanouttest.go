@@ -44,6 +44,7 @@ func Run(t *testing.T, newTransport func(t *testing.T) fanout.Transport) {
 		{"OrderPerPublisher", testOrderPerPublisher},
 		{"ManySubscribers", testManySubscribers},
 		{"TopicIsolation", testTopicIsolation},
+		{"UnsubscribeOneTopic", testUnsubscribeOneTopic},
 		{"NoDeliveryAfterUnsubscribe", testNoDeliveryAfterUnsubscribe},
 		{"Resubscribe", testResubscribe},
 		{"SubscribeIdempotent", testSubscribeIdempotent},
@@ -73,10 +74,14 @@ func testDeliver(t *testing.T, tr fanout.Transport) {
 	}
 	mustPublish(t, tr, topic, all)
 	mustPublish(t, tr, topic, []byte{})
+	// A third publish marks the end: a second delivery of either of the
+	// first two arrives before it (order per publisher), so the count up
+	// to it is exact. (WaitN returns at least what it waits for.)
+	mustPublish(t, tr, topic, []byte("end"))
 
-	msgs := r.WaitN(t, 2)
-	if len(msgs) != 2 {
-		t.Fatalf("got %d messages, want 2", len(msgs))
+	msgs := r.WaitN(t, 3)
+	if len(msgs) != 3 || string(msgs[2].Data) != "end" {
+		t.Fatalf("got %d messages before the end marker, want 2", len(msgs)-1)
 	}
 	for i, want := range [][]byte{all, {}} {
 		m := msgs[i]
@@ -147,15 +152,45 @@ func testTopicIsolation(t *testing.T, tr fanout.Transport) {
 		}
 	}
 	for i, name := range names {
+		// At least 2 (WaitN); a misrouted one is caught by its topic.
 		msgs := rs[i].WaitN(t, 2)
-		if len(msgs) != 2 {
-			t.Errorf("subscriber of %q got %d messages, want 2", name, len(msgs))
-		}
 		for _, m := range msgs {
 			if m.Topic != topicName(t, name) || !strings.HasPrefix(string(m.Data), name+"/") {
 				t.Errorf("subscriber of %q got %q on topic %q", name, m.Data, m.Topic)
 			}
 		}
+	}
+}
+
+// testUnsubscribeOneTopic: a subscriber of two topics that unsubscribes
+// from one still gets the other's messages, and no more of the first's
+// (a backend keyed by subscriber alone would drop both).
+func testUnsubscribeOneTopic(t *testing.T, tr fanout.Transport) {
+	a, b := topicName(t, "a"), topicName(t, "b")
+	r := NewRecorder()
+	mustSubscribe(t, tr, a, r)
+	mustSubscribe(t, tr, b, r)
+	if err := tr.Unsubscribe(t.Context(), a, r); err != nil {
+		t.Fatalf("Unsubscribe: %v", err)
+	}
+	mustPublish(t, tr, a, []byte("a/after"))
+	mustPublish(t, tr, b, []byte("b/1"))
+	mustPublish(t, tr, b, []byte("b/2"))
+	// Topics are not ordered with each other: wait for b's two, then
+	// mark the end on a fresh subscription to a, after which a's message
+	// has been delivered to everyone it was going to reach.
+	r.WaitN(t, 2)
+	end := NewRecorder()
+	mustSubscribe(t, tr, a, end)
+	mustPublish(t, tr, a, []byte("a/end"))
+	end.WaitN(t, 1)
+	for _, m := range r.Messages() {
+		if m.Topic != b {
+			t.Errorf("after unsubscribing from %q, got %q on %q", a, m.Data, m.Topic)
+		}
+	}
+	if n := r.Len(); n != 2 {
+		t.Errorf("got %d messages, want b's 2", n)
 	}
 }
 
