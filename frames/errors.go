@@ -51,7 +51,7 @@ const (
 // Presence errors: a presence frame is well formed but refused.
 const (
 	CodePresenceNotSubscribed Code = "X_PRESENCE_NOT_SUBSCRIBED" // presence join/update on a topic the session has not subscribed to
-	CodePresenceNotJoined     Code = "X_PRESENCE_NOT_JOINED"     // presence update without a join, or after the member expired
+	CodePresenceNotJoined     Code = "X_PRESENCE_NOT_JOINED"     // presence update without a join, or after a leave
 	CodePresenceConflict      Code = "X_PRESENCE_CONFLICT"       // the member id (hello.clientId) is held by another actor in the topic
 	CodePresenceRateLimited   Code = "X_PRESENCE_RATE_LIMITED"   // a join that needs a member list, over the session's budget of lists
 	CodeMetaTooLarge          Code = "X_META_TOO_LARGE"          // a presence member's meta is over the server's limit

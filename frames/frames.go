@@ -220,10 +220,11 @@ type Member struct {
 // Presence carries membership changes (or, with Op "sync", the full list).
 //
 // Count is optional on the wire and sent by the server only: the total
-// number of members present when the topic has more than the server lists
-// (the list is capped), so a client can show "and N more". Zero is left
-// out when encoding, and an absent count decodes to zero: the list is
-// complete.
+// number of members present when the list leaves some out (the topic has
+// more than the server lists, or a sync lists fewer while members that
+// left before their join was sent hold listed places), so a client can
+// show "and N more". Zero is left out when encoding, and an absent count
+// decodes to zero: the list is complete.
 type Presence struct {
 	Topic   string   `json:"topic"`
 	Op      string   `json:"op"`
