@@ -160,7 +160,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name: "syncgate_presence_diffs_total", Help: "Presence diffs (one topic's coalesced changes over one window) fanned out to local subscribers, each encoded once.",
 		}),
 		presenceRejoins: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "syncgate_presence_rejoins_total", Help: "Presence members joined again by the refresh loop because their live session's hold had expired (a stall longer than the TTL).",
+			Name: "syncgate_presence_rejoins_total", Help: "Presence members joined again because their live session's hold had expired (a stall longer than the TTL): by the refresh loop, or by the session's next presence update.",
 		}),
 		producersIdleBytes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "syncgate_producers_idle_bytes", Help: "Estimated bytes held by the records of client-named producers no session is using (bounded by Config.MaxIdleProducerBytes).",
