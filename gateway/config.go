@@ -40,7 +40,8 @@ type Config struct {
 	// BuildID is the current app build, sent in the server's hello; a
 	// client whose hello names another build (both non-empty) gets
 	// update-available. [Server.SetBuildID] changes it at runtime.
-	// Empty by default.
+	// Empty by default; at most 256 bytes, as a client's hello may carry,
+	// else New fails.
 	BuildID string
 
 	// HelloTimeout bounds the wait for the client's hello; after it the
@@ -105,8 +106,8 @@ type Config struct {
 	// (a token bucket of FrameBurst); a frame over it is dropped and
 	// answered with X_RATE_LIMITED, and a session that keeps flooding is
 	// read more slowly (limits.go). Zero means 1000; negative turns the
-	// limit off; +Inf is refused (the hello carries the rate, and JSON
-	// has no infinity). FrameBurst zero means twice FrameRate (at most
+	// limit off; NaN and +Inf are refused (the hello carries the rate, and
+	// JSON has no infinity). FrameBurst zero means twice FrameRate (at most
 	// 2^30). With a Verifier
 	// the same bucket bounds the HTTP stream writes of each token sub,
 	// across its requests (Server.httpWriters, limits.go).
@@ -143,9 +144,10 @@ type Config struct {
 	// good tokens included (except those an *auth.Verifier remembers as
 	// verified), until it refills (badtoken.go). The WebSocket
 	// hello does not use it: the accept budget meters each hello's check.
-	// Zero means 10 per second; negative turns the budget off.
-	// BadTokenBurst zero means twice BadTokenRate (at least 1). Without a
-	// Verifier there is no token to check, and no budget.
+	// Zero means 10 per second; negative turns the budget off; NaN is
+	// refused. BadTokenBurst zero means twice BadTokenRate (at least 1, at
+	// most 2^30). Without a Verifier there is no token to check, and no
+	// budget.
 	BadTokenRate  float64
 	BadTokenBurst int
 
@@ -158,7 +160,8 @@ type Config struct {
 
 	// PaceCPU is the share of the node's cores (0-1) above which it paces
 	// busy sessions whatever the write rate. Zero means 0.4: headroom for
-	// bursts, so fanout does not queue behind a saturated CPU.
+	// bursts, so fanout does not queue behind a saturated CPU. NaN is
+	// refused.
 	PaceCPU float64
 
 	// CPUTime returns the CPU time the process has used, for pacing. Nil
@@ -282,8 +285,8 @@ type Config struct {
 	// bucket's size. Over it, a WebSocket client is told when to come back
 	// (a reconnect frame, reason "overload", then close 1013); a plain
 	// HTTP request gets 503 with Retry-After. Zero means 1000 per second;
-	// negative turns the rate limit off. AcceptBurst zero means one
-	// second's worth of AcceptRate (at least 1).
+	// negative turns the rate limit off; NaN is refused. AcceptBurst zero
+	// means one second's worth of AcceptRate (at least 1, at most 2^30).
 	AcceptRate  float64
 	AcceptBurst int
 
@@ -302,8 +305,10 @@ type Config struct {
 	// Presence (presence.go, docs/presence.md).
 
 	// Presence is the presence registry. Nil means a new in-process
-	// registry (presence.NewMemoryRegistry) built from the fields below
-	// and Now.
+	// registry (presence.NewMemoryRegistry) built from the fields below,
+	// Now and a MaxSkew of 1s. The gateway stamps a client's updatedAt
+	// itself, clamped to now+1s (presenceMaxSkew): give a registry of
+	// your own that MaxSkew too, so both order a session's writes alike.
 	Presence presence.Registry
 
 	// PresenceTTL is how long a member whose session vanished (cut TCP,
