@@ -42,7 +42,8 @@ type Options struct {
 
 	// MaintenanceInterval is the period of the maintenance pass
 	// (retention pruning, producer expiry, removal of deleted and expired
-	// streams' data, persistence of read-renewed TTLs). Default 5s.
+	// streams' data, persistence of TTLs renewed by reads and Waits).
+	// Default 5s.
 	MaintenanceInterval time.Duration
 
 	// PruneBatch bounds the records pruned, and the idle producer states
@@ -145,7 +146,7 @@ type DB struct {
 
 	// Guarded by mu.
 	mu       sync.Mutex
-	access   map[uint64]int64         // id → last read, Unix ns, not yet persisted
+	access   map[uint64]int64         // id → last read or Wait's return, Unix ns, not yet persisted
 	waiters  map[uint64]chan struct{} // id → closed on the next commit touching it
 	watching map[uint64]int           // id → Waits blocked on a stream with a sliding TTL (holdTTL)
 }
