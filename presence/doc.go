@@ -25,8 +25,10 @@
 // then the writing holder's id compared as strings. The greater key wins, so
 // the outcome does not depend on the order writes arrive in. UpdatedAt is
 // clamped to the registry clock plus [Config.MaxSkew]; zero or negative
-// means "now". A join of an absent member is always accepted: LWW orders
-// writes to a present member, not a member against its own past.
+// means "now". [Wins] is the comparison, for every Registry and for a
+// caller that must know which of two writes stands. A join of an absent
+// member is always accepted: LWW orders writes to a present member, not a
+// member against its own past.
 //
 // # TTL
 //
