@@ -175,7 +175,8 @@ func wireMembers(ms []presence.Member) []frames.Member {
 
 // refresh extends the holds of every session holding presence. A session
 // whose holds expired anyway (a stall longer than the TTL) joins again
-// with the states it last wrote.
+// with the states it wrote that won, stamped as they were written
+// (stampLocked).
 func (p *presenceHub) refresh() {
 	p.mu.Lock()
 	sessions := make([]*session, 0, len(p.held))
