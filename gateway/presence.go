@@ -201,7 +201,16 @@ func (p *presenceHub) refresh() {
 func (p *presenceHub) rejoin(ctx context.Context, s *session) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.rejoinLocked(ctx, s, "")
+}
+
+// rejoinLocked joins s's member again in every topic s holds but skip,
+// with the states that won. Caller holds mu.
+func (p *presenceHub) rejoinLocked(ctx context.Context, s *session, skip string) {
 	for topic, m := range p.held[s] { // nil once the session closed
+		if topic == skip {
+			continue
+		}
 		// The state that won, stamped as it was written: the member may
 		// still be held by another session (a second tab), whose newer
 		// write must stay.
@@ -336,6 +345,15 @@ func (p *presenceHub) join(ctx context.Context, s *session, topic, ref string, m
 			return errSyncRate
 		}
 	}
+	if held := len(p.held[s]); held > 1 || held == 1 && !joined {
+		// Holds expire per holder: after a stall this Join would make the
+		// holder anew with this topic only, and the refresh loop's
+		// Refresh would then not notice the others lost. (Joins are
+		// bounded by the frame rate: the look costs little.)
+		if err := p.reg.Refresh(ctx, s.id); errors.Is(err, presence.ErrNotJoined) {
+			p.rejoinLocked(ctx, s, topic)
+		}
+	}
 	sn, err := p.reg.Join(ctx, topic, s.id, m)
 	if err != nil {
 		if list != nil {
@@ -381,6 +399,10 @@ func (p *presenceHub) update(ctx context.Context, s *session, topic string, m pr
 			return err
 		}
 		p.srv.metrics.presenceRejoins.Inc()
+		// Holds expire per holder: the registry lost the session's other
+		// topics too, and the Join made the holder anew, so the refresh
+		// loop's Refresh will not notice.
+		p.rejoinLocked(ctx, s, topic)
 	}
 	p.holdLocked(s, topic, m)
 	return nil

@@ -596,55 +596,108 @@ func listed(sync *frames.Presence, id string) *frames.Member {
 	return nil
 }
 
-// expireOnUpdate is a registry whose next Update, once armed, finds its
-// holder gone, as after a stall longer than the TTL that the refresh
-// loop has not noticed yet.
-type expireOnUpdate struct {
+// expireNext is a registry whose next Join, Update or Refresh, once
+// armed, finds its holder gone (every topic it held), as after a stall
+// longer than the TTL that the refresh loop has not noticed yet.
+type expireNext struct {
 	presence.Registry
 	armed atomic.Bool
 }
 
-func (r *expireOnUpdate) Update(ctx context.Context, topic, holder string, m presence.Member) error {
+func (r *expireNext) expire(ctx context.Context, holder string) error {
 	if r.armed.CompareAndSwap(true, false) {
-		if err := r.Registry.LeaveAll(ctx, holder); err != nil {
-			return err
-		}
+		return r.Registry.LeaveAll(ctx, holder)
+	}
+	return nil
+}
+
+func (r *expireNext) Join(ctx context.Context, topic, holder string, m presence.Member) (presence.Sync, error) {
+	if err := r.expire(ctx, holder); err != nil {
+		return presence.Sync{}, err
+	}
+	return r.Registry.Join(ctx, topic, holder, m)
+}
+
+func (r *expireNext) Update(ctx context.Context, topic, holder string, m presence.Member) error {
+	if err := r.expire(ctx, holder); err != nil {
+		return err
 	}
 	return r.Registry.Update(ctx, topic, holder, m)
 }
 
-// TestPresence_UpdateAfterStallRejoins: an update that finds the session's
-// member expired in the registry (a stall, before the refresh loop's
-// rejoin) joins it again with the update's state, acknowledged, and
-// counted as a rejoin. It was refused X_PRESENCE_NOT_JOINED, though the
-// client never left, and the refresh loop then rejoined the member with
-// the state before the update.
-func TestPresence_UpdateAfterStallRejoins(t *testing.T) {
+func (r *expireNext) Refresh(ctx context.Context, holder string) error {
+	if err := r.expire(ctx, holder); err != nil {
+		return err
+	}
+	return r.Registry.Refresh(ctx, holder)
+}
+
+// TestPresence_WriteAfterStallRejoins: a session whose member expired in
+// the registry in every topic (a stall, before the refresh loop noticed)
+// is joined again in all of them by its next presence write.
+//   - An update finds its member gone: it joins it again with the
+//     update's state, acknowledged, and counted as a rejoin. It was
+//     refused X_PRESENCE_NOT_JOINED, though the client never left, and
+//     the refresh loop then rejoined the member with the state before
+//     the update.
+//   - Either write, an update or a join of another topic, made the holder
+//     anew with that one topic only: the refresh loop's Refresh then
+//     succeeded, and the session's other topics never listed it again.
+func TestPresence_WriteAfterStallRejoins(t *testing.T) {
 	t.Parallel()
-	mem, err := presence.NewMemoryRegistry(presence.Config{TTL: time.Minute, Window: 20 * time.Millisecond, LeaveGrace: 40 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
+	start := func(t *testing.T) (*testServer, *expireNext, *gwtest.Conn) {
+		mem, err := presence.NewMemoryRegistry(presence.Config{TTL: time.Minute, Window: 20 * time.Millisecond, LeaveGrace: 40 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reg := &expireNext{Registry: mem}
+		srv := newTestServer(t, gateway.Config{Presence: reg, PresenceTTL: time.Minute, PresenceWindow: 20 * time.Millisecond})
+		a := gwtest.Dial(t, srv.url, nil)
+		a.Hello("live", 0)
+		a.Subscribe("s", "room")
+		a.Subscribe("s2", "room2")
+		join(t, a, "room", `{"name":"Ada"}`)
+		return srv, reg, a
 	}
-	reg := &expireOnUpdate{Registry: mem}
-	srv := newTestServer(t, gateway.Config{Presence: reg, PresenceTTL: time.Minute, PresenceWindow: 20 * time.Millisecond})
-	a := gwtest.Dial(t, srv.url, nil)
-	a.Hello("live", 0)
-	a.Subscribe("s", "room")
-	join(t, a, "room", `{"name":"Ada"}`)
-	reg.armed.Store(true)
-	if code := presenceAck(a, "room", frames.PresenceUpdate, `{"name":"Ada","typing":true}`, 0); code != "" {
-		t.Fatalf("update after the member expired: %s, want it joined again", code)
+	// listedIn joins topic's presence from a new session and returns how
+	// its sync lists "live".
+	listedIn := func(t *testing.T, srv *testServer, topic string) *frames.Member {
+		b := gwtest.Dial(t, srv.url, nil)
+		b.Hello("", 0)
+		b.Subscribe("s", topic)
+		sync := join(t, b, topic, `null`)
+		return listed(sync, "live")
 	}
-	if got := scrape(t, srv.ts.URL); !strings.Contains(got, "\nsyncgate_presence_rejoins_total 1\n") {
-		t.Fatal("the rejoin is not counted in syncgate_presence_rejoins_total")
-	}
-	b := gwtest.Dial(t, srv.url, nil)
-	b.Hello("", 0)
-	b.Subscribe("s", "room")
-	sync := join(t, b, "room", `null`)
-	if live := listed(sync, "live"); live == nil || string(live.Meta) != `{"name":"Ada","typing":true}` {
-		t.Fatalf("the sync lists %s, live = %+v; want live with the update's meta", memberIDs(sync.Members), live)
-	}
+	t.Run("update", func(t *testing.T) {
+		t.Parallel()
+		srv, reg, a := start(t)
+		join(t, a, "room2", `{"name":"Ada","in":2}`)
+		reg.armed.Store(true)
+		if code := presenceAck(a, "room", frames.PresenceUpdate, `{"name":"Ada","typing":true}`, 0); code != "" {
+			t.Fatalf("update after the member expired: %s, want it joined again", code)
+		}
+		if got := scrape(t, srv.ts.URL); !strings.Contains(got, "\nsyncgate_presence_rejoins_total 2\n") {
+			t.Fatal("the two rejoins are not counted in syncgate_presence_rejoins_total")
+		}
+		if live := listedIn(t, srv, "room"); live == nil || string(live.Meta) != `{"name":"Ada","typing":true}` {
+			t.Fatalf("room lists live = %+v; want it with the update's meta", live)
+		}
+		if live := listedIn(t, srv, "room2"); live == nil || string(live.Meta) != `{"name":"Ada","in":2}` {
+			t.Fatalf("room2 lists live = %+v; want it with its last meta", live)
+		}
+	})
+	t.Run("join", func(t *testing.T) {
+		t.Parallel()
+		srv, reg, a := start(t)
+		reg.armed.Store(true)
+		join(t, a, "room2", `{"name":"Ada","in":2}`)
+		if live := listedIn(t, srv, "room"); live == nil || string(live.Meta) != `{"name":"Ada"}` {
+			t.Fatalf("room lists live = %+v; want it with its last meta", live)
+		}
+		if live := listedIn(t, srv, "room2"); live == nil {
+			t.Fatal("room2 does not list live")
+		}
+	})
 }
 
 // TestPresence_ListsPerSessionAreRationed: leave then join again buys a
