@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"github.com/syncgate/syncgate/frames"
 )
 
@@ -19,8 +20,16 @@ func (s *Server) BuildID() string {
 // SetBuildID makes id the current app build. Every session whose hello
 // named a build other than id (both non-empty) is sent update-available
 // {buildId: id}; later hellos are answered with id. Setting the current id
-// again sends nothing.
-func (s *Server) SetBuildID(id string) { s.setBuildID(id) }
+// again sends nothing. An id longer than a hello may carry (256 bytes, as
+// Config.BuildID and the admin API) is refused with an error, and nothing
+// changes.
+func (s *Server) SetBuildID(id string) error {
+	if len(id) > maxBuildIDLen {
+		return fmt.Errorf("gateway: build id is %d bytes, over the limit of %d", len(id), maxBuildIDLen)
+	}
+	s.setBuildID(id)
+	return nil
+}
 
 // setBuildID is SetBuildID; it returns how many sessions were told.
 func (s *Server) setBuildID(id string) int {

@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/syncgate/syncgate/frames"
@@ -68,7 +69,9 @@ func TestUpdateAvailable_OnSetBuildID(t *testing.T) {
 	none := gwtest.Dial(t, srv.url, nil)
 	helloAs(none, "")
 
-	srv.gw.SetBuildID("web-2")
+	if err := srv.gw.SetBuildID("web-2"); err != nil {
+		t.Fatal(err)
+	}
 	for i, c := range olds {
 		if u := gwtest.Expect[*frames.UpdateAvailable](c); u.BuildID != "web-2" {
 			t.Fatalf("session %d: %+v", i, u)
@@ -76,8 +79,16 @@ func TestUpdateAvailable_OnSetBuildID(t *testing.T) {
 	}
 	expectNoUpdate(t, ahead, "p")
 	expectNoUpdate(t, none, "p")
-	srv.gw.SetBuildID("web-2") // the same id again: nothing sent
+	_ = srv.gw.SetBuildID("web-2") // the same id again: nothing sent
 	expectNoUpdate(t, olds[0], "p")
+	// One longer than a hello may carry is refused, and nothing is sent.
+	if err := srv.gw.SetBuildID(strings.Repeat("x", 257)); err == nil {
+		t.Fatal("SetBuildID of 257 bytes accepted")
+	}
+	expectNoUpdate(t, olds[0], "p2")
+	if got := srv.gw.BuildID(); got != "web-2" {
+		t.Fatalf("BuildID after a refused SetBuildID: %q", got)
+	}
 
 	fresh := gwtest.Dial(t, srv.url, nil)
 	if h := helloAs(fresh, "web-2"); h.BuildID != "web-2" {
