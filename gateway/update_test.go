@@ -79,7 +79,9 @@ func TestUpdateAvailable_OnSetBuildID(t *testing.T) {
 	}
 	expectNoUpdate(t, ahead, "p")
 	expectNoUpdate(t, none, "p")
-	_ = srv.gw.SetBuildID("web-2") // the same id again: nothing sent
+	if err := srv.gw.SetBuildID("web-2"); err != nil { // the same id again: nothing sent
+		t.Fatalf("SetBuildID of the current id: %v", err)
+	}
 	expectNoUpdate(t, olds[0], "p")
 	// One longer than a hello may carry is refused, and nothing is sent.
 	if err := srv.gw.SetBuildID(strings.Repeat("x", 257)); err == nil {
