@@ -154,8 +154,11 @@ func TestRun_TLSAndTokens(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs.mu.Lock()
-	text := logs.buf.String()
+	text, dropped := logs.buf.String(), logs.dropped
 	logs.mu.Unlock()
+	if dropped > 0 {
+		t.Fatalf("%d log lines were dropped: the secret check below would not see them", dropped)
+	}
 	for len(logs.lines) > 0 {
 		text += <-logs.lines
 	}

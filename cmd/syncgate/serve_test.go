@@ -23,11 +23,13 @@ import (
 	"github.com/syncgate/syncgate/frames"
 )
 
-// lineWriter hands each written line to a channel.
+// lineWriter hands each written line to a channel; a line the channel
+// has no room for is dropped and counted.
 type lineWriter struct {
-	mu    sync.Mutex
-	buf   bytes.Buffer
-	lines chan string
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	lines   chan string
+	dropped int // guarded by mu
 }
 
 func (w *lineWriter) Write(p []byte) (int, error) {
@@ -43,6 +45,7 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 		select {
 		case w.lines <- line:
 		default:
+			w.dropped++
 		}
 	}
 }
