@@ -78,7 +78,9 @@ type Options struct {
 	// Reconnect retries), and when the server says the token expired
 	// (X_TOKEN_EXPIRED), after which the Client refreshes the session
 	// with a new hello on the same connection. ctx is bounded by
-	// WriteTimeout. It runs on its own goroutine, never on the read loop.
+	// WriteTimeout; a refresh's ctx also ends with its connection (Close
+	// included), and Close waits for the call to return. It runs on its
+	// own goroutine, never on the read loop.
 	TokenFunc func(ctx context.Context) (string, error)
 
 	// Header is sent with the upgrade request (for example Origin).

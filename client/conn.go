@@ -33,6 +33,13 @@ type conn struct {
 	closeOnce sync.Once
 	closingc  chan struct{} // closed when we start closing it
 
+	// life ends when the read loop starts shutting the connection down;
+	// tasks are the goroutines it bounds (token refreshes), waited for
+	// before the connection counts as ended.
+	life    context.Context
+	endLife context.CancelFunc
+	tasks   sync.WaitGroup
+
 	// Owned by the read loop. helloErr is read after helloc is closed.
 	gotHello  bool
 	helloErr  error
@@ -99,6 +106,7 @@ func (c *Client) connect(ctx context.Context, url string) (*conn, error) {
 		qlimit:   max(minQueueBytes, 2*o.BatchBytes),
 		pending:  make(map[string][]subWaiter),
 	}
+	cn.life, cn.endLife = context.WithCancel(context.Background())
 	cn.batchLimit.Store(int64(o.BatchBytes))
 	c.mu.Lock()
 	c.live[cn] = struct{}{}
@@ -345,7 +353,7 @@ func (cn *conn) handleFrameAck(f *frames.Ack) {
 		cn.helloErr = ackError(f)
 		close(cn.helloc)
 	case f.Error != nil && f.Error.Code == frames.CodeTokenExpired && f.Ref == "" && c.opts.TokenFunc != nil:
-		c.conns.Go(cn.refreshToken) // not on the read loop: TokenFunc may take a while
+		cn.tasks.Go(cn.refreshToken) // not on the read loop: TokenFunc may take a while
 		c.onFrame(f)
 	case !ok && len(f.Ref) > len(c.keyPrefix) && f.Ref[:len(c.keyPrefix)] == c.keyPrefix:
 		// The second ack of a mutate sent twice (a take-over or a
@@ -386,6 +394,7 @@ func (cn *conn) shutdown(readErr error) {
 		cn.rlog.Debug("client: connection ended", logKeyErr, readErr)
 	}
 	cn.ws.CloseNow() // release it whatever the read error was
+	cn.endLife()     // a token refresh gives up
 
 	c.mu.Lock()
 	cn.err = err
@@ -403,6 +412,10 @@ func (cn *conn) shutdown(readErr error) {
 	}
 	close(cn.done)
 	<-cn.wdone // the writer exits once done is closed; its writes fail on the closed socket
+	// A refresh still running (TokenFunc, or its hello's send, which
+	// fails now that the writer has stopped) ends before the connection
+	// counts as ended: without Reconnect Close returns when it does.
+	cn.tasks.Wait()
 	if !c.opts.Reconnect {
 		c.shutdown(err)
 	}
@@ -548,10 +561,10 @@ func (c *Client) hello(ctx context.Context) (*frames.Hello, error) {
 // session at the end of its grace, and Reconnect then opens a new one
 // (whose hello asks TokenFunc again).
 func (cn *conn) refreshToken() {
-	// Bounded without a ctx of its own: hello bounds TokenFunc by
-	// WriteTimeout, and a send on a connection whose writes have stopped
-	// fails at once.
-	ctx := context.Background()
+	// Bounded by the connection's life: it ends with the connection
+	// (Close included), and the read loop waits for it. hello bounds
+	// TokenFunc by WriteTimeout too.
+	ctx := cn.life
 	h, err := cn.c.hello(ctx)
 	if err == nil {
 		err = cn.send(ctx, h)
