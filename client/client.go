@@ -314,9 +314,10 @@ func Dial(ctx context.Context, url string, opts *Options) (*Client, error) {
 		c.keyPrefix = o.ClientID + "/" + strconv.FormatInt(o.Epoch, 10) + ":"
 	}
 	var first *conn
+	var n int // the attempt that made first
 	var err error
 	if o.Reconnect {
-		first, err = c.dialRetry(ctx)
+		first, n, err = c.dialRetry(ctx)
 	} else {
 		first, err = c.connect(ctx, url)
 	}
@@ -331,7 +332,7 @@ func Dial(ctx context.Context, url string, opts *Options) (*Client, error) {
 	if o.Reconnect {
 		sctx, cancel := context.WithCancel(context.Background())
 		c.cancel = cancel
-		go c.supervise(sctx, first) // ends the Client: Close waits for done
+		go c.supervise(sctx, first, n) // ends the Client: Close waits for done
 	}
 	return c, nil
 }

@@ -81,7 +81,7 @@ type Event struct {
 	Kind    EventKind
 	At      time.Time // when it happened (Options.Now)
 	URL     string
-	Attempt int           // connection attempts since the Client was dialled (Dial's is 0)
+	Attempt int           // the attempt's number: Dial's first is 0, and every later one (Dial's retries included) the next
 	Reason  string        // the server's reconnect reason, "" for an unscheduled one
 	Delay   time.Duration // see the Kind
 	Since   time.Time     // EventResumed: when the reconnect began
@@ -107,22 +107,24 @@ func (c *Client) untilDeadline(at time.Time, d time.Duration) time.Duration {
 }
 
 // dialRetry makes the first connection for Dial with Reconnect, retrying
-// until ctx ends; a refused hello is final.
-func (c *Client) dialRetry(ctx context.Context) (*conn, error) {
+// until ctx ends; a refused hello is final. n is the number of the
+// attempt that connected (0: the first), from which the supervisor
+// counts on.
+func (c *Client) dialRetry(ctx context.Context) (cn *conn, n int, err error) {
 	url := c.url
-	for attempt, n := 0, 0; ; n++ {
+	for attempt := 0; ; n++ {
 		if n > 0 && c.opts.URLFor != nil {
 			url = c.opts.URLFor(n)
 		}
 		cn, err := c.connect(ctx, url)
 		if err == nil {
-			return cn, nil
+			return cn, n, nil
 		}
 		if r, ok := errors.AsType[*errHelloRefused](err); ok {
-			return nil, r.err
+			return nil, n, r.err
 		}
 		if ctx.Err() != nil {
-			return nil, err
+			return nil, n, err
 		}
 		var wait time.Duration
 		reason := ""
@@ -135,7 +137,7 @@ func (c *Client) dialRetry(ctx context.Context) (*conn, error) {
 		}
 		c.emit(Event{Kind: EventDialFailed, URL: url, Attempt: n, Reason: reason, Delay: wait, Err: err})
 		if serr := c.opts.Sleep(ctx, wait); serr != nil {
-			return nil, fmt.Errorf("%w (last attempt: %w)", serr, err)
+			return nil, n, fmt.Errorf("%w (last attempt: %w)", serr, err)
 		}
 	}
 }
@@ -143,10 +145,12 @@ func (c *Client) dialRetry(ctx context.Context) (*conn, error) {
 // supervise owns the Client's connections with Reconnect: it waits for the
 // current one to be told to move (a reconnect frame) or to end, opens the
 // next one at the right time, lets it take over, and on Close closes them
-// all and ends the Client.
-func (c *Client) supervise(ctx context.Context, cur *conn) {
+// all and ends the Client. n is the number of Dial's attempt that made
+// cur.
+func (c *Client) supervise(ctx context.Context, cur *conn, n int) {
 	attempt := 0 // backoff attempts since the last stable connection
-	n := 0       // connection attempts so far (Dial's counts as 0)
+	// n counts connection attempts on from Dial's (the first is 0), so
+	// URLFor and Event.Attempt never see a number twice.
 	for ctx.Err() == nil {
 		// Wait for a reason to move.
 		var (

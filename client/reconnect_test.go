@@ -560,3 +560,30 @@ func TestReconnect_RateLimitedSubscribeIsSentAgain(t *testing.T) {
 		}
 	})
 }
+
+// Attempts are counted from Dial's on: the supervisor's first attempt
+// continues after the ones Dial made, so URLFor and Event.Attempt never
+// see a number twice, and RoundRobin over two URLs moves to the other one
+// on every reconnect even when Dial needed a retry.
+func TestReconnect_AttemptsContinueDials(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	s := newScripted(t)
+	dead := deadURL(t)
+	rr := client.RoundRobin(dead, s.url())
+	asked := make(chan int, 16)
+	c := dialReconnect(t, dead, &client.Options{
+		Sleep: (&sleeps{}).sleep,
+		URLFor: func(n int) string {
+			asked <- n
+			return rr(n)
+		},
+	})
+	equal(t, "Dial's URL", c.URL(), s.url())
+	equal(t, "Dial's attempts", recv(t, ctx, asked), 1)
+	sc := s.next(t)
+	sc.send(t, &frames.Reconnect{AfterMs: 0, Reason: frames.ReasonDrain})
+	if n := recv(t, ctx, asked); n != 2 {
+		t.Fatalf("the reconnect's attempt is %d (URL %s), want 2 (URL %s): attempts restarted after Dial", n, rr(n), rr(2))
+	}
+}
