@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -570,5 +571,25 @@ func TestSubscription_LogMadeOnBothDuringTakeOver(t *testing.T) {
 				insert(sid, 1, tc.log+"1"), insert(sid, 2, tc.log+"2"), insert(sid, 3, tc.log+"3"))
 			checkSub(t, rec, sub, tc.want, 3, "log:"+tc.log, tc.resets)
 		})
+	}
+}
+
+// A patch handler may call its Subscription's methods but Drop (which
+// waits for the read loop): Duplicates must not wait for the delivery
+// the handler is part of.
+func TestSubscription_DuplicatesFromHandler(t *testing.T) {
+	ctx, _, c, _, sc := startScripted(t)
+	var sub atomic.Pointer[client.Subscription]
+	seen := make(chan int64, 1)
+	s := subscribeScripted(t, ctx, c, sc, func(p *frames.Patch) {
+		seen <- sub.Load().Duplicates()
+	})
+	sub.Store(s)
+	sc.send(t, insert(s.SID(), 1, "x"))
+	select {
+	case n := <-seen:
+		equal(t, "Duplicates", n, 0)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Duplicates called from the patch handler still waiting after 5s")
 	}
 }

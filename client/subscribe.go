@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/syncgate/syncgate/frames"
 )
@@ -42,13 +43,15 @@ type Subscription struct {
 
 	// dmu is the delivery lock: two connections may carry patches for the
 	// subscription while one takes over from the other, and the handler
-	// must see them one at a time.
+	// must see them one at a time. It is held while the handler runs (or
+	// a send to Patches waits), so nothing a handler may call takes it.
 	dmu sync.Mutex
 	// Guarded by dmu.
 	from   *conn // the connection whose patches are delivered
 	ended  bool  // Patches closed (or, with a handler, no more calls)
-	dups   int64 // patches dropped as already delivered
 	resets int64 // cursor expirations on resume or while live
+
+	dups atomic.Int64 // patch ops dropped as already delivered; added to under dmu
 
 	mu sync.Mutex
 	// Guarded by mu.
@@ -461,7 +464,7 @@ func (s *Subscription) deliver(cn *conn, p *frames.Patch) {
 		old := s.cursor.LSN
 		if s.c.opts.Reconnect && old != "" && p.LSN <= old {
 			s.mu.Unlock()
-			s.dups += int64(len(p.Patches))
+			s.dups.Add(int64(len(p.Patches)))
 			return
 		}
 		if s.c.opts.Reconnect && old != "" && len(p.Patches) > 1 && p.Patches[0].LSN <= old {
@@ -473,7 +476,7 @@ func (s *Subscription) deliver(cn *conn, p *frames.Patch) {
 				if op.LSN > old {
 					q.Patches = append(q.Patches, op)
 				} else {
-					s.dups++
+					s.dups.Add(1)
 				}
 			}
 			p = &q
@@ -540,10 +543,10 @@ func (s *Subscription) Cursor() frames.Cursor {
 
 // Duplicates returns how many patch ops were dropped because their lsn was
 // at or before the cursor (with Reconnect, while two connections overlap).
+//
+// It does not wait for a delivery, so a patch handler may call it.
 func (s *Subscription) Duplicates() int64 {
-	s.dmu.Lock()
-	defer s.dmu.Unlock()
-	return s.dups
+	return s.dups.Load()
 }
 
 // Drop sends subscribe drop and waits for the ack. Once the ack arrives no
