@@ -125,7 +125,8 @@ type Options struct {
 	// client does not consume itself: update-available, presence, rebase,
 	// reconnect (without Reconnect), and acks, snapshots and patches nobody
 	// waits for (for example the ack of a mutate whose Publish was
-	// cancelled, or of a frame written with Send). It must not block for
+	// cancelled, or of a frame written with Send; with Reconnect, patches
+	// of no live subscription are dropped instead). It must not block for
 	// long; see the package doc. Defaults to dropping such frames.
 	OnFrame func(frames.Frame)
 

@@ -74,9 +74,12 @@ type Subscription struct {
 // Subscribe returns it with [Subscription.CursorExpired] true.
 //
 // If ctx ends first, Subscribe returns ctx.Err(). The server may still
-// start the subscription; its snapshot and patches then go to
-// [Options.OnFrame]. With Reconnect, a Subscribe waiting while the Client
-// reconnects is sent on the new connection.
+// start the subscription (on that connection; the Client sends no drop
+// for it): its ack and snapshot then go to [Options.OnFrame], and so do
+// its patches without Reconnect (with Reconnect they are dropped, as are
+// a dropped subscription's that an old connection still carries). With
+// Reconnect, a Subscribe waiting while the Client reconnects is sent on
+// the new connection.
 func (c *Client) Subscribe(ctx context.Context, topic string, cursor *frames.Cursor, handler func(*frames.Patch)) (*Subscription, error) {
 	s := &Subscription{
 		c:       c,
