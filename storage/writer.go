@@ -461,25 +461,43 @@ func (b *batch1) live(r *request) (*wstream, error) {
 	return ws, nil
 }
 
+// refuseUndecodable answers r with err, and returns nil, when err is a
+// stream's meta or a producer's state that does not decode (a damaged
+// file, a newer binary's format): the request is refused, not the
+// transaction, which would fail every request of the batch and the DB,
+// and again after each restart at the first request for that stream.
+// Other errors are returned. The caller must not have changed anything
+// for r that the refusal leaves wrong.
+func refuseUndecodable(r *request, err error) error {
+	if errors.Is(err, errCorruptMeta) || errors.Is(err, errCorruptProducer) {
+		r.err = err
+		return nil
+	}
+	return err
+}
+
 func (b *batch1) applyAppend(r *request) error {
 	req := r.app
 	ws, err := b.live(r)
-	if ws == nil && err == nil && req.CreateMissing && errors.Is(r.err, ErrNotFound) {
+	if err != nil {
+		return refuseUndecodable(r, err)
+	}
+	if ws == nil && req.CreateMissing && errors.Is(r.err, ErrNotFound) {
 		return b.appendCreating(r)
 	}
 	if ws == nil {
-		return err
+		return nil
+	}
+	var pe *prodEntry
+	if p := req.Producer; p != nil {
+		if pe, err = b.producer(ws, p.ID); err != nil {
+			return refuseUndecodable(r, err)
+		}
 	}
 	m := &ws.m
 	if m.TTL > 0 {
 		m.Access = b.nowNs // any append, even a refused one, renews a sliding TTL
 		ws.dirty = true
-	}
-	var pe *prodEntry
-	if p := req.Producer; p != nil {
-		if pe, err = b.producer(ws, p.ID); err != nil {
-			return err
-		}
 	}
 	if !b.admit(r, m, pe) {
 		return nil
@@ -703,7 +721,7 @@ func (b *batch1) appendRecords(ws *wstream, recs [][]byte) error {
 func (b *batch1) applyDelete(r *request) error {
 	ws, err := b.byName(r.name)
 	if err != nil {
-		return err
+		return refuseUndecodable(r, err)
 	}
 	if ws == nil {
 		r.err = fmt.Errorf("%w: %q", ErrNotFound, r.name)
@@ -751,6 +769,12 @@ func (b *batch1) remove(ws *wstream) error {
 			return nil
 		}
 		src, err := b.byID(m.SrcID)
+		if errors.Is(err, errCorruptMeta) {
+			// The source cannot be released: it stays, as the
+			// maintenance pass leaves it (maint.go).
+			b.db.log.Warn("storage: fork source does not decode; not released", "stream", m.Name, "source_id", m.SrcID, "err", err)
+			return nil
+		}
 		if err != nil || src == nil {
 			return err
 		}
@@ -768,7 +792,7 @@ func (b *batch1) applyCreate(r *request) error {
 	o := r.create
 	ws, err := b.byName(r.name)
 	if err != nil {
-		return err
+		return refuseUndecodable(r, err)
 	}
 	if ws != nil {
 		switch b.db.state(&ws.m, b.now) {
@@ -809,7 +833,7 @@ func (b *batch1) applyCreate(r *request) error {
 	var prefix [][]byte
 	if o.ForkFrom != "" {
 		if src, err = b.byName(o.ForkFrom); err != nil {
-			return err
+			return refuseUndecodable(r, err)
 		}
 		if src == nil {
 			r.err = fmt.Errorf("%w: fork source %q", ErrNotFound, o.ForkFrom)
