@@ -31,7 +31,10 @@ import (
 const ZeroOffset = "0000000000000000_0000000000000000"
 
 // Retention bounds what a stream keeps. Zero fields mean no bound. Records
-// are pruned oldest first, in whole appends, on the maintenance tick.
+// are pruned oldest first, in whole appends, on the maintenance tick (an
+// append over [Options].PruneBatch records over several ticks, so a read
+// may meanwhile start in its middle); an append over a bound is pruned
+// whole, even the newest.
 type Retention struct {
 	MaxAge     time.Duration
 	MaxBytes   int64
