@@ -463,6 +463,8 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		status, msg = http.StatusRequestEntityTooLarge, "the append is larger than the stream log accepts: split it into smaller appends"
 	case errors.Is(err, storage.ErrFailed), errors.Is(err, storage.ErrClosedDB):
 		status, msg = http.StatusServiceUnavailable, "the stream log is unavailable: retry later"
+	case errors.Is(err, storage.ErrCorrupt):
+		status, msg = http.StatusInternalServerError, "this stream's stored data does not decode (see the server's log): other streams are not affected"
 	default:
 		status, msg = http.StatusInternalServerError, "internal error"
 	}

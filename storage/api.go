@@ -250,6 +250,7 @@ var (
 	ErrBadRequest  = errors.New("storage: bad request")                              // 400: bad name, offset, sub-offset, options, fork depth
 	ErrTooLarge    = errors.New("storage: append too large")                         // 413
 	ErrFailed      = errors.New("storage: store failed")                             // a commit or fsync failed; the DB refuses everything after
+	ErrCorrupt     = errors.New("storage: stored data does not decode")              // a stream's meta or a producer's state (a damaged file, another binary's format): that stream's requests are refused, the DB goes on
 	ErrClosedDB    = errors.New("storage: database closed")
 )
 

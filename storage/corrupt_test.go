@@ -66,8 +66,8 @@ func TestDB_RequestOnStreamThatDoesNotDecode(t *testing.T) {
 	ctx := t.Context()
 	notFailed := func(what string, err error) {
 		t.Helper()
-		if err == nil || errors.Is(err, storage.ErrFailed) {
-			t.Errorf("%s: %v; want the request refused, not the DB failed", what, err)
+		if err == nil || errors.Is(err, storage.ErrFailed) || !errors.Is(err, storage.ErrCorrupt) {
+			t.Errorf("%s: %v; want the request refused with ErrCorrupt, not the DB failed", what, err)
 		}
 	}
 

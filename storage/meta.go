@@ -3,7 +3,6 @@ package storage
 import (
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 )
@@ -121,7 +120,7 @@ func appendTime(b []byte, t time.Time) []byte {
 	return binary.AppendUvarint(b, uint64(t.Nanosecond()))
 }
 
-var errCorruptMeta = errors.New("storage: corrupt stream meta")
+var errCorruptMeta = fmt.Errorf("%w: a stream meta", ErrCorrupt)
 
 // decodeMeta decodes a meta in either form into m, which must be zero.
 func decodeMeta(b []byte, m *meta) error {
@@ -304,7 +303,7 @@ func (p *prodState) encode(b []byte) []byte {
 	return b
 }
 
-var errCorruptProducer = errors.New("storage: corrupt producer state")
+var errCorruptProducer = fmt.Errorf("%w: a producer state", ErrCorrupt)
 
 func decodeProd(b []byte, p *prodState) error {
 	var vals [4]uint64
