@@ -126,8 +126,10 @@ type Options struct {
 	// reconnect (without Reconnect), and acks, snapshots and patches nobody
 	// waits for (for example the ack of a mutate whose Publish was
 	// cancelled, or of a frame written with Send; with Reconnect, patches
-	// of no live subscription are dropped instead). It must not block for
-	// long; see the package doc. Defaults to dropping such frames.
+	// of no live subscription are dropped instead). A Subscribe that gave
+	// up on its ctx sends it nothing: the Client drops that subscription
+	// and consumes its frames (see [Client.Subscribe]). It must not block
+	// for long; see the package doc. Defaults to dropping such frames.
 	OnFrame func(frames.Frame)
 
 	// Reconnect turns on automatic reconnection: the Client then outlives

@@ -60,6 +60,7 @@ type conn struct {
 
 	// Guarded by c.mu.
 	pending   map[string][]subWaiter // subscribe acks by sid, in send order
+	gaveUp    map[string]struct{}    // sids of given-up Subscribes dropped here, until the drop's ack: their frames are consumed
 	err       error                  // why it ended; set before done is closed
 	reconnect *frames.Reconnect      // the last reconnect frame received
 	reconAt   time.Time              // when it arrived
@@ -419,6 +420,14 @@ func (cn *conn) shutdown(readErr error) {
 	if !c.opts.Reconnect {
 		c.shutdown(err)
 	}
+}
+
+// gaveUpLocked reports whether sid is a given-up Subscribe's whose drop
+// went out on cn and is not yet answered: its frames are consumed.
+// Caller holds c.mu.
+func (cn *conn) gaveUpLocked(sid string) bool {
+	_, ok := cn.gaveUp[sid]
+	return ok
 }
 
 // addSubWaiterLocked queues w for the next subscribe ack with ref sid. It

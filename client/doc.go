@@ -144,5 +144,7 @@
 //
 // Only Close ends a reconnecting Client. Calls bounded by a ctx give up
 // with it; a mutate given up on is still re-sent until acknowledged, since
-// its seq is spent, and its ack goes to [Options.OnFrame].
+// its seq is spent, and its ack goes to [Options.OnFrame]; a subscribe
+// given up on is dropped where it was sent and never resubscribed (see
+// [Client.Subscribe]).
 package client

@@ -293,6 +293,7 @@ func (c *Client) takeOver(ctx context.Context, old, next *conn, resumed Event) b
 	c.mu.Unlock()
 
 	ok := true
+	posted := 0
 	for _, s := range adds {
 		cur := s.Cursor()
 		target := s.target
@@ -305,6 +306,7 @@ func (c *Client) takeOver(ctx context.Context, old, next *conn, resumed Event) b
 			ok = false
 			break
 		}
+		posted++
 	}
 	for _, m := range ms {
 		if !ok {
@@ -315,6 +317,14 @@ func (c *Client) takeOver(ctx context.Context, old, next *conn, resumed Event) b
 		}
 	}
 	c.mu.Lock()
+	// A Subscribe that gave up after its add went to next, before it was
+	// queued, is dropped there now, after it.
+	var giveUps []*Subscription
+	for _, s := range adds[:posted] {
+		if s.addQueuedLocked(next) {
+			giveUps = append(giveUps, s)
+		}
+	}
 	if ok && next.err == nil && c.err == nil {
 		c.cur, c.last = next, next
 		if old != nil && old != next {
@@ -349,6 +359,9 @@ func (c *Client) takeOver(ctx context.Context, old, next *conn, resumed Event) b
 		}
 	}
 	c.mu.Unlock()
+	for _, s := range giveUps {
+		s.postDrop(next)
+	}
 	for _, msg := range held {
 		if cur.post(msg) != nil {
 			break // old has ended too: they go to the next connection

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -40,6 +41,7 @@ type Subscription struct {
 	resetOn   *conn        // snapOn said X_CURSOR_EXPIRED while live: its next snapshot is the new position
 	resetLate bool         // snapOn reset while the latest add was pending (a take-over): its answer is the new position
 	resume    *resumeGroup // the take-over waiting for its snapshot, or nil
+	asked     []*conn      // while unsettled: the live connections its add was queued on, where giving up drops it
 
 	// dmu is the delivery lock: two connections may carry patches for the
 	// subscription while one takes over from the other, and the handler
@@ -73,13 +75,22 @@ type Subscription struct {
 // server then sends a fresh snapshot and the subscription is live, so
 // Subscribe returns it with [Subscription.CursorExpired] true.
 //
-// If ctx ends first, Subscribe returns ctx.Err(). The server may still
-// start the subscription (on that connection; the Client sends no drop
-// for it): its ack and snapshot then go to [Options.OnFrame], and so do
-// its patches without Reconnect (with Reconnect they are dropped, as are
-// a dropped subscription's that an old connection still carries). With
-// Reconnect, a Subscribe waiting while the Client reconnects is sent on
-// the new connection.
+// If ctx ends first, Subscribe returns ctx.Err() and gives the
+// subscription up, as a Phoenix join that times out leaves its channel.
+// The server may still start it, so on each connection the add was
+// queued on (one; two while a take-over re-sends it) the Client queues a
+// drop for the sid right after it, without waiting for its ack: the
+// session's subscription slot (the gateway's MaxSubscriptions) and the
+// bandwidth are freed once the server reads it. Nothing of the
+// subscription is passed on: its ack, snapshot and patches on that
+// connection, and the drop's ack, are consumed, not given to
+// [Options.OnFrame] (should the server refuse the drop, other than with
+// X_NOT_SUBSCRIBED, its patches stay consumed for the rest of the
+// connection). A connection whose writes a take-over has stopped gets no
+// drop: it is being closed, which ends the subscription too. With
+// Reconnect a given-up subscription is never resubscribed, and a
+// Subscribe waiting while the Client reconnects is sent on the new
+// connection.
 func (c *Client) Subscribe(ctx context.Context, topic string, cursor *frames.Cursor, handler func(*frames.Patch)) (*Subscription, error) {
 	s := &Subscription{
 		c:       c,
@@ -122,6 +133,9 @@ func (c *Client) Subscribe(ctx context.Context, topic string, cursor *frames.Cur
 		// Queued, not waited for: the ack (or the connection's end)
 		// answers it.
 		err = cn.postFrame(&frames.Subscribe{Op: frames.OpAdd, SID: s.sid, Target: s.target})
+		if err == nil {
+			s.addQueued(cn)
+		}
 	}
 	c.unlockSend()
 	if err != nil && !c.opts.Reconnect {
@@ -159,13 +173,42 @@ func (s *Subscription) addOnLocked(cn *conn, rg *resumeGroup) error {
 	return nil
 }
 
+// addQueued records that s's add is queued on cn (see addQueuedLocked).
+func (s *Subscription) addQueued(cn *conn) {
+	c := s.c
+	c.mu.Lock()
+	drop := s.addQueuedLocked(cn)
+	c.mu.Unlock()
+	if drop {
+		s.postDrop(cn)
+	}
+}
+
+// addQueuedLocked records, once s's add is queued on cn, that cn may start
+// the subscription, and reports whether the Subscribe gave up meanwhile
+// (after the add went to cn, before it was queued): the caller then posts
+// the drop to cn, where it follows the add. Whoever comes second, abandon
+// or this, drops it. Caller holds c.mu.
+func (s *Subscription) addQueuedLocked(cn *conn) (drop bool) {
+	if s.abandoned {
+		return s.giveUpOnLocked(cn)
+	}
+	if s.settled {
+		return false // a resume: settled subscriptions are not given up
+	}
+	s.asked = slices.DeleteFunc(s.asked, func(o *conn) bool { return o == cn || o.err != nil })
+	s.asked = append(s.asked, cn)
+	return false
+}
+
 // abandon forgets an unsettled subscription and reports whether it did; if
-// it was settled already, the result in s stands.
+// it was settled already, the result in s stands. It queues a drop of s
+// on every connection its add was queued on (not waiting for either).
 func (s *Subscription) abandon() bool {
 	c := s.c
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if s.settled {
+		c.mu.Unlock()
 		return false
 	}
 	s.settled = true
@@ -174,13 +217,59 @@ func (s *Subscription) abandon() bool {
 		delete(c.subs, s.sid)
 	}
 	s.resumeDoneLocked()
+	var drops []*conn
+	for _, cn := range s.asked {
+		if s.giveUpOnLocked(cn) {
+			drops = append(drops, cn)
+		}
+	}
+	s.asked = nil
+	c.mu.Unlock()
+	for _, cn := range drops {
+		s.postDrop(cn)
+	}
 	return true
+}
+
+// giveUpOnLocked readies the drop of the given-up s on cn, which was sent
+// its add, and reports whether to post it (not if cn has ended: the
+// server forgot s with it). Until the drop's ack, cn's frames for s are
+// consumed: the add's ack (handleAddAck), snapshot and patches (cn.gaveUp)
+// and then the drop's ack (the waiter queued here). Caller holds c.mu.
+func (s *Subscription) giveUpOnLocked(cn *conn) bool {
+	c, sid := s.c, s.sid
+	err := cn.addSubWaiterLocked(sid, func(a *frames.Ack, err error) {
+		if err != nil || a.Error != nil && a.Error.Code != frames.CodeNotSubscribed {
+			// The connection ended, or the server kept the subscription:
+			// what it still sends for it stays consumed.
+			return
+		}
+		c.mu.Lock()
+		delete(cn.gaveUp, sid)
+		c.mu.Unlock()
+	})
+	if err != nil {
+		return false
+	}
+	if cn.gaveUp == nil {
+		cn.gaveUp = make(map[string]struct{})
+	}
+	cn.gaveUp[sid] = struct{}{}
+	return true
+}
+
+// postDrop queues the drop of the given-up s on cn, fire and forget:
+// giveUpOnLocked has readied it. If cn's writes have stopped (a take-over
+// replaced it), cn is being closed, which ends s there too.
+func (s *Subscription) postDrop(cn *conn) {
+	_ = cn.postFrame(&frames.Subscribe{Op: frames.OpDrop, SID: s.sid, Target: s.target})
 }
 
 // settleLocked marks s settled with err (nil: live) and wakes Subscribe.
 // Caller holds c.mu and has checked !s.settled.
 func (s *Subscription) settleLocked(err error) {
 	s.settled = true
+	s.asked = nil
 	s.err = err
 	close(s.ready)
 }
@@ -207,10 +296,9 @@ func (s *Subscription) handleAddAck(cn *conn, a *frames.Ack, err error) {
 	err = ackError(a)
 	c.mu.Lock()
 	if s.abandoned || s.via != cn {
+		// Given up (its drop follows on cn: the ack is consumed), or
+		// the subscription has moved on to another connection.
 		c.mu.Unlock()
-		if s.abandoned {
-			c.onFrame(a)
-		}
 		return
 	}
 	var fe *frames.Error
@@ -257,6 +345,10 @@ func (cn *conn) handleFrameSnapshot(f *frames.Snapshot) {
 	c := cn.c
 	c.mu.Lock()
 	s, ok := c.subs[f.SID]
+	if !ok && cn.gaveUpLocked(f.SID) {
+		c.mu.Unlock()
+		return
+	}
 	if ok && s.snapOn == cn && s.resetOn == cn {
 		s.resetOn = nil
 		takeover := s.via != cn
@@ -441,9 +533,10 @@ func (cn *conn) handleFramePatch(f *frames.Patch) {
 	c.mu.Lock()
 	s, ok := c.subs[f.SID]
 	live := ok && s.settled
+	gaveUp := !ok && cn.gaveUpLocked(f.SID)
 	c.mu.Unlock()
 	if !live {
-		if !c.opts.Reconnect {
+		if !c.opts.Reconnect && !gaveUp {
 			c.onFrame(f)
 		}
 		return
