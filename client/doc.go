@@ -110,7 +110,11 @@
 //     connection ends before it takes over, what was held goes on the old
 //     one, which stays current, after what it was sent. Subscribe and
 //     Drop meanwhile go to the old connection, and the take-over carries
-//     a new subscription over like any other.
+//     a new subscription over like any other, but not one being dropped:
+//     a Drop the old connection has not answered when the new one
+//     becomes current ends its subscription then and returns (its drop
+//     may never have been written; the old connection's close ends the
+//     subscription on that server).
 //   - Patches keep arriving on the same [Subscription] (handler or Patches
 //     channel). A patch whose lsn is at or before the subscription's
 //     cursor is dropped ([Subscription.Duplicates]): during a take-over

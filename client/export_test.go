@@ -2,3 +2,11 @@ package client
 
 // TakeOverWaitForTest is takeOverWait, for the external tests' bounds.
 const TakeOverWaitForTest = takeOverWait
+
+// DroppingForTest reports whether a Drop of s has queued its drop and
+// waits for the answer.
+func (s *Subscription) DroppingForTest() bool {
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	return s.dropping
+}

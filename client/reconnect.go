@@ -325,6 +325,7 @@ func (c *Client) takeOver(ctx context.Context, old, next *conn, resumed Event) b
 			giveUps = append(giveUps, s)
 		}
 	}
+	var owed []subWaiter
 	if ok && next.err == nil && c.err == nil {
 		c.cur, c.last = next, next
 		if old != nil && old != next {
@@ -332,8 +333,10 @@ func (c *Client) takeOver(ctx context.Context, old, next *conn, resumed Event) b
 			// well: its mutates were just re-sent on next. (A message
 			// old's writer is writing at this moment still goes out;
 			// the take-over waited for old's acks first to make that
-			// rare.)
+			// rare.) A drop sent there may be thrown away with it:
+			// its Drop is answered below.
 			old.stopWrites(errReplaced)
+			owed = old.takeDropsLocked()
 		}
 	} else {
 		ok = false
@@ -368,6 +371,15 @@ func (c *Client) takeOver(ctx context.Context, old, next *conn, resumed Event) b
 		}
 	}
 	c.unlockSend()
+	// Not under the send lock: ending a subscription waits for its
+	// delivery on old's read loop, whose handler may be publishing.
+	replaced := errReplaced
+	if c.closed() {
+		replaced = net.ErrClosed
+	}
+	for _, w := range owed {
+		w(nil, replaced)
+	}
 	if !ok {
 		next.closeNow()
 		return false
@@ -410,6 +422,25 @@ func (c *Client) takeOver(ctx context.Context, old, next *conn, resumed Event) b
 	}
 	wg.Wait()
 	return true
+}
+
+// takeDropsLocked takes from cn, whose writes a take-over has just
+// stopped, the ack waiters of the subscriptions being dropped there: a
+// drop still queued was thrown away, and its ack would never come. The
+// take-over did not carry those subscriptions over, so calling the
+// waiters with an error ends them and answers their Drop, as when a
+// connection ends. In their place cn keeps waiters that consume the acks
+// of drops written after all. Caller holds c.mu.
+func (cn *conn) takeDropsLocked() []subWaiter {
+	var owed []subWaiter
+	for sid, ws := range cn.pending {
+		if s := cn.c.subs[sid]; s == nil || !s.dropping {
+			continue
+		}
+		owed = append(owed, ws...)
+		cn.pending[sid] = slices.Repeat([]subWaiter{func(*frames.Ack, error) {}}, len(ws))
+	}
+	return owed
 }
 
 // mutateHold is a take-over's wait for the old connection to answer the

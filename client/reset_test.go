@@ -40,6 +40,13 @@ type scriptConn struct {
 
 func newScripted(t *testing.T) *scripted {
 	t.Helper()
+	return newScriptedHello(t, nil)
+}
+
+// newScriptedHello is newScripted whose hello answers are edited by edit
+// (nil: none), e.g. to state a frame rate.
+func newScriptedHello(t *testing.T, edit func(*frames.Hello)) *scripted {
+	t.Helper()
 	s := &scripted{conns: make(chan *scriptConn, 8)}
 	var wg sync.WaitGroup
 	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -65,7 +72,11 @@ func newScripted(t *testing.T) *scripted {
 					return false
 				}
 				if h, ok := f.(*frames.Hello); ok {
-					b, _ := frames.Encode(&frames.Hello{BuildID: "scripted", SessionID: &id, Resume: []frames.Cursor{}, ClientID: h.ClientID, Epoch: h.Epoch})
+					reply := &frames.Hello{BuildID: "scripted", SessionID: &id, Resume: []frames.Cursor{}, ClientID: h.ClientID, Epoch: h.Epoch}
+					if edit != nil {
+						edit(reply)
+					}
+					b, _ := frames.Encode(reply)
 					_ = ws.Write(context.Background(), websocket.MessageText, b)
 					return true
 				}

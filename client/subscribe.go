@@ -650,10 +650,14 @@ func (s *Subscription) Duplicates() int64 {
 // error is returned as a *frames.Error; X_NOT_SUBSCRIBED still ends the
 // subscription. Drop of a subscription already dropped returns nil. With
 // Reconnect, a Drop while disconnected, or whose connection ends before
-// the ack, ends the subscription at once (it is not resubscribed).
+// the ack, ends the subscription at once (it is not resubscribed); so
+// does one whose connection a take-over replaces before the ack (the
+// drop may then never be written there: the server ends the subscription
+// when the Client closes that connection), once the new connection is
+// current.
 //
 // If ctx ends first, Drop returns ctx.Err(); the drop takes effect when its
-// ack arrives.
+// ack arrives, or as above.
 func (s *Subscription) Drop(ctx context.Context) error {
 	c := s.c
 	errc := make(chan error, 1)

@@ -142,3 +142,86 @@ func TestReconnect_TakeOver_FailsWhileWaiting(t *testing.T) {
 		noErr(t, recv(t, ctx, acked))
 	}
 }
+
+// A Drop made while a take-over waits for the old connection's acks goes
+// to the old connection, which the take-over then replaces, stopping its
+// writes: a drop still queued there is never sent, and its ack never
+// comes. The subscription, which the take-over does not carry over, must
+// end when the take-over makes the new connection current, and Drop
+// return, not wait until the old connection is closed: here never, as
+// the new connection ends before it carries the other subscription,
+// which leaves the old one delivering with no later take-over to close
+// it. The old connection's hello states a frame rate the Client keeps
+// to, which holds the drop in its writer until the writes stop.
+func TestReconnect_TakeOver_DropQueuedOnOld(t *testing.T) {
+	// The Client keeps to half the burst, 4 frames, less the hello's:
+	// the two subscribes and m0 go out, the drop waits some 1000 s.
+	s := newScriptedHello(t, func(h *frames.Hello) { h.FrameRate, h.FrameBurst = 0.001, 8 })
+	ctx := testCtx(t)
+	rec := newRecorder()
+	o := rec.options()
+	// The scheduled reconnect goes at once; the backoff after the new
+	// connection ends waits until the test ends.
+	o.Rand = func(n int64) int64 { return n - 1 }
+	o.Sleep = func(ctx context.Context, d time.Duration) error {
+		if d > 0 {
+			<-ctx.Done()
+		}
+		return ctx.Err()
+	}
+	c, err := client.Dial(ctx, s.url(), o)
+	noErr(t, err)
+	t.Cleanup(func() { c.Close() })
+	sc1 := s.next(t)
+	a := subscribeScripted(t, ctx, c, sc1, nil)
+	b := subscribeScripted(t, ctx, c, sc1, rec.handler(t))
+
+	acked := make(chan error, 1)
+	noErr(t, c.PublishAsync(ctx, "p:t", json.RawMessage(`0`), func(_ string, err error) { acked <- err }))
+	m0 := expect[*frames.Mutate](t, sc1)
+	sc1.send(t, &frames.Reconnect{AfterMs: 0, Reason: frames.ReasonDrain})
+	sc2 := s.next(t)
+	waitEvents(t, rec, client.EventConnected, 1) // the take-over waits for m0's ack
+
+	dropped := make(chan error, 1)
+	go func() { dropped <- a.Drop(ctx) }()
+	deadline := time.After(10 * time.Second)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for !a.DroppingForTest() {
+		select {
+		case <-deadline:
+			t.Fatal("Drop queued no drop")
+		case <-tick.C:
+		}
+	}
+
+	// The take-over goes on: b is resubscribed on the new connection, a
+	// (being dropped) is not.
+	sc1.send(t, &frames.Ack{Ref: m0.Key})
+	noErr(t, recv(t, ctx, acked))
+	resume := expect[*frames.Subscribe](t, sc2)
+	equal(t, "resubscribed sid", resume.SID, b.SID())
+	sc2.ws.CloseNow() // before it answers: the old connection stays open
+
+	select {
+	case err := <-dropped:
+		noErr(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Drop still waiting 5s after the take-over replaced its connection")
+	}
+	// No patch of a after Drop returned: the old connection's are not
+	// delivered (b's still are).
+	sc1.send(t, insert(a.SID(), 1, "a1"), insert(b.SID(), 1, "b1"))
+	rec.waitData(t, 1)
+	for p := range a.Patches() {
+		t.Fatalf("a patch after Drop: %+v", p)
+	}
+	// The drop never went out: the take-over threw it away with the old
+	// connection's writes.
+	select {
+	case f := <-sc1.in:
+		t.Fatalf("the old connection got %T %+v", f, f)
+	default:
+	}
+}
