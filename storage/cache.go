@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"context"
 	"encoding/binary"
 	"sync"
 
@@ -24,10 +25,11 @@ import (
 type metaCache struct {
 	max int // entries kept; static
 
-	mu    sync.RWMutex
-	gen   uint64           // bbolt txid the entries reflect
-	names map[string]*meta // name → meta; the same entries as ids
-	ids   map[uint64]*meta
+	mu       sync.RWMutex
+	gen      uint64           // bbolt txid the entries reflect: the last commit published
+	advanced chan struct{}    // closed (and replaced) when gen advances
+	names    map[string]*meta // name → meta; the same entries as ids
+	ids      map[uint64]*meta
 }
 
 // maxCachedMetas bounds the read cache by default; an arbitrary entry is
@@ -35,7 +37,7 @@ type metaCache struct {
 const maxCachedMetas = 10000
 
 func newMetaCache(gen uint64, max int) *metaCache {
-	return &metaCache{max: max, gen: gen, names: make(map[string]*meta), ids: make(map[uint64]*meta)}
+	return &metaCache{max: max, gen: gen, advanced: make(chan struct{}), names: make(map[string]*meta), ids: make(map[uint64]*meta)}
 }
 
 // get returns the cached meta of name (nil when not cached) and the
@@ -107,29 +109,73 @@ func (c *metaCache) publish(gen uint64, ups []cacheUpdate) {
 		}
 	}
 	c.gen = gen
+	close(c.advanced)
+	c.advanced = make(chan struct{})
 	c.mu.Unlock()
+}
+
+// published returns the last commit published (its bbolt txid) and a
+// channel closed when a later one is.
+func (c *metaCache) published() (uint64, <-chan struct{}) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.gen, c.advanced
 }
 
 // metaOf returns the committed meta of name (nil when there is none),
 // from the cache when it has it, else from a read transaction. The result
 // must not be modified.
-func (db *DB) metaOf(name string) (*meta, error) {
+func (db *DB) metaOf(ctx context.Context, name string) (*meta, error) {
 	if m, _ := db.cache.get(name); m != nil {
 		return m, nil
 	}
-	return db.fileMeta(name)
+	return db.fileMeta(ctx, name)
 }
 
-// fileMeta is metaOf as of the file's latest commit, which the cache may
-// not have been told of yet.
-func (db *DB) fileMeta(name string) (*meta, error) {
+// fileMeta is metaOf as of the latest commit published, read from the
+// file (see view).
+func (db *DB) fileMeta(ctx context.Context, name string) (*meta, error) {
 	var m *meta
-	err := db.bolt.View(func(tx *bolt.Tx) error {
+	err := db.view(ctx, func(tx *bolt.Tx) error {
 		var err error
 		m, err = db.txMeta(tx, name)
 		return err
 	})
 	return m, err
+}
+
+// view runs fn in a read transaction that shows no commit the writer has
+// not published. bbolt shows a commit to new transactions once its meta
+// page is written, before the fsync that makes it durable; the writer
+// publishes it (to the cache, then to waiters and callers) only after.
+// A reader that saw it earlier could hand on records that a crash, or a
+// failed fsync, then takes back, and that Head does not show yet (a
+// subscriber resuming from such a record was told its cursor was not in
+// the log). A transaction ahead of the published commit is dropped, and
+// view waits for the publish (at most the commit's fsync), the DB's
+// failure, or ctx.
+func (db *DB) view(ctx context.Context, fn func(*bolt.Tx) error) error {
+	for {
+		gen, advanced := db.cache.published()
+		ahead := false
+		err := db.bolt.View(func(tx *bolt.Tx) error {
+			if uint64(tx.ID()) > gen {
+				ahead = true
+				return nil
+			}
+			return fn(tx)
+		})
+		if !ahead {
+			return err
+		}
+		select {
+		case <-advanced:
+		case <-db.failCh:
+			return ErrFailed
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // txMeta returns the meta of name as of tx (nil when there is none): the

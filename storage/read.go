@@ -87,7 +87,7 @@ func (db *DB) Head(ctx context.Context, name string) (Info, error) {
 	if err := db.begin(ctx, name); err != nil {
 		return Info{}, err
 	}
-	m, err := db.metaOf(name)
+	m, err := db.metaOf(ctx, name)
 	if err != nil {
 		return Info{}, err
 	}
@@ -104,7 +104,7 @@ func (db *DB) Head(ctx context.Context, name string) (Info, error) {
 	// fork and its sources are read in one transaction (the cache may lag
 	// a commit that removed both).
 	var in Info
-	err = db.bolt.View(func(tx *bolt.Tx) error {
+	err = db.view(ctx, func(tx *bolt.Tx) error {
 		m, err := db.txMeta(tx, name)
 		if err != nil {
 			return err
@@ -185,7 +185,7 @@ func (db *DB) Read(ctx context.Context, name, after string, maxBytes int) (ReadR
 		maxBytes = defaultReadBytes
 	}
 	var res ReadResult
-	err = db.bolt.View(func(tx *bolt.Tx) error {
+	err = db.view(ctx, func(tx *bolt.Tx) error {
 		now := db.now()
 		m, err := db.txMeta(tx, name)
 		if err != nil {
@@ -332,15 +332,15 @@ func (db *DB) WaitID(ctx context.Context, name, after string, id uint64) error {
 			// published before a commit wakes anyone.)
 			ch = db.watch(id)
 		}
-		m, err := db.metaOf(name)
+		m, err := db.metaOf(ctx, name)
 		if err != nil {
 			return err
 		}
 		if m != nil && pos > m.Tail {
-			// The cache is told of a commit just after it is made, and
-			// a Read in its own transaction may have seen it already:
-			// the file decides whether after is beyond the tail.
-			if m, err = db.fileMeta(name); err != nil {
+			// Reads see only published commits (view), so after is
+			// beyond the tail, or the cache's entry for name was
+			// evicted and refilled: the file decides.
+			if m, err = db.fileMeta(ctx, name); err != nil {
 				return err
 			}
 		}
