@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"context"
+	"errors"
+	"net"
 	"sync"
 	"time"
 
@@ -315,7 +317,7 @@ func (s *session) writeLoop(ctx context.Context, first *writeRound) {
 		}
 		if r.ping {
 			if err := s.ping(ctx); err != nil {
-				s.closeWith(reasonPingTimeout)
+				s.pingFailed(err)
 			}
 		}
 		batch = r.items
@@ -332,6 +334,25 @@ func (s *session) writeFailed(err error) {
 	s.log().Debug("write failed", "err", err)
 	s.writeBroken = true
 	s.closeWith(reasonWriteError)
+}
+
+// pingFailed closes the session after a failed ping, for what failed.
+// Only a pong that did not come within PongTimeout (or a ping frame that
+// could not be written in that time) is ping_timeout. A connection that
+// closed under the ping (coder/websocket closes it once it has answered
+// the peer's close frame, and on a cut) fails the reader too, and run
+// then closes the session with the reader's reason: taking the reason
+// here would race the reader for it and call a client's own close a
+// ping timeout. Any other error is the ping frame's write failing.
+func (s *session) pingFailed(err error) {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		s.closeWith(reasonPingTimeout)
+	case errors.Is(err, net.ErrClosed):
+		// The reader's reason.
+	default:
+		s.writeFailed(err)
+	}
 }
 
 // holdFor is how long pacing holds the session's next write. Under load, a

@@ -1,0 +1,143 @@
+package gateway
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// pingPair is connPair whose client reports each ping it reads on pinged
+// and does not answer it.
+func pingPair(t *testing.T) (server *websocket.Conn, raw *corkConn, client *websocket.Conn, pinged <-chan struct{}) {
+	t.Helper()
+	ch := make(chan *websocket.Conn, 1)
+	done := make(chan struct{})
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(hijackSizer{w, &raw}, r, nil)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		ch <- c
+		<-done
+	}))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pings := make(chan struct{}, 1)
+	client, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(ts.URL, "http"), &websocket.DialOptions{
+		OnPingReceived: func(context.Context, []byte) bool {
+			select {
+			case pings <- struct{}{}:
+			default:
+			}
+			return false // no pong
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	server = <-ch
+	t.Cleanup(func() {
+		_ = client.CloseNow()
+		_ = server.CloseNow()
+		close(done)
+		ts.Close()
+	})
+	return server, raw, client, pings
+}
+
+// askPing has s's writer ping, as pingTick does for a silent peer.
+func askPing(s *session) {
+	s.q.mu.Lock()
+	s.q.pingDue = true
+	start := s.claimWriterLocked()
+	s.q.mu.Unlock()
+	if start {
+		s.spawnWriter()
+	}
+}
+
+// waitWriters waits for s's writer to stop.
+func waitWriters(t *testing.T, s *session) {
+	t.Helper()
+	stopped := make(chan struct{})
+	go func() { s.writers.Wait(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the session's writer did not stop within 10s")
+	}
+}
+
+// reasonOf is why s was closed, reasonNone if it was not.
+func reasonOf(s *session) closeReason {
+	s.q.mu.Lock()
+	defer s.q.mu.Unlock()
+	return s.q.reason
+}
+
+// TestSession_PingFailureReason: a ping that fails because the connection
+// closed under it (here the client's close frame, which coder/websocket's
+// reader answers and then closes the connection) leaves the close reason
+// to the reader, which knows why; it used to close the session with
+// ping_timeout (4002 in the metrics) whenever the writer got there first.
+// A ping whose frame cannot be written is a failed write (write_error).
+// The test plays the reader itself (readLoop, then closeWith, as run
+// does), so that the writer is deterministically first.
+func TestSession_PingFailureReason(t *testing.T) {
+	srv, err := New(Config{PongTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown(context.Background())
+
+	t.Run("closed by the peer", func(t *testing.T) {
+		sc, raw, cc, pinged := pingPair(t)
+		s := newSession(context.Background(), srv, sc, raw, "closed", "test")
+		go func() {
+			for {
+				if _, _, err := cc.Read(context.Background()); err != nil {
+					return
+				}
+			}
+		}()
+		askPing(s)
+		select {
+		case <-pinged:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no ping within 10s")
+		}
+		// The writer now waits for a pong that will not come.
+		go func() { _ = cc.Close(websocket.StatusNormalClosure, "") }()
+		rerr := s.readLoop() // the close frame: the library echoes it and closes the connection
+		waitWriters(t, s)    // the ping failed, and the writer dealt with it
+		s.closeWith(readErrorReason(rerr))
+		waitWriters(t, s)
+		if r := reasonOf(s); r != reasonClientClosed {
+			t.Fatalf("closed for %v (read: %v), want %v: the ping failed because the connection closed", r, rerr, reasonClientClosed)
+		}
+	})
+
+	t.Run("ping frame not written", func(t *testing.T) {
+		sc, raw, _, _ := pingPair(t)
+		s := newSession(context.Background(), srv, sc, raw, "unwritable", "test")
+		tcp, ok := raw.Conn.(*net.TCPConn)
+		if !ok {
+			t.Skipf("connection is %T", raw.Conn)
+		}
+		if err := tcp.CloseWrite(); err != nil { // every write now fails at once (EPIPE)
+			t.Fatal(err)
+		}
+		askPing(s)
+		waitWriters(t, s)
+		if r := reasonOf(s); r != reasonWriteError || !s.writeBroken {
+			t.Fatalf("closed for %v (writeBroken %v), want %v: the ping's frame could not be written", r, s.writeBroken, reasonWriteError)
+		}
+	})
+}
