@@ -193,12 +193,18 @@ func (p *writerPool) add(s *session) {
 
 // hold parks s for d. The pool keeps time on the monotonic clock, not
 // Config.Now: a held session must come back after d whatever the wall
-// clock (or a test's) says.
+// clock (or a test's) says. A session whose hold would already be over
+// (it is closing, or its queue filled an eighth since holdFor looked)
+// goes in line instead.
 func (p *writerPool) hold(s *session, d time.Duration) {
 	// Marked held before it is in the heap: a push that ends the hold
 	// early (sendQueue.push) in between puts s in line, and this entry is
 	// stale from the start.
-	gen := s.q.holdPool()
+	gen, ok := s.q.holdPool(s.srv.cfg.SendQueueMessages, s.srv.cfg.SendQueueBytes)
+	if !ok {
+		p.add(s)
+		return
+	}
 	due := int64(time.Since(p.epoch) + d)
 	p.mu.Lock()
 	// Idle workers sleep until the earliest due time there was when they

@@ -111,10 +111,14 @@ func (q *sendQueue) unholdLocked() pushResult {
 }
 
 // holdOwn marks writeLoop's writer held, and returns the channel that
-// push signals to end the hold early.
-func (q *sendQueue) holdOwn() <-chan struct{} {
+// push signals to end the hold early. It reports false, marking nothing,
+// if the hold would already be over (see endsHoldLocked).
+func (q *sendQueue) holdOwn(maxItems, maxBytes int) (wake <-chan struct{}, ok bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.endsHoldLocked(maxItems, maxBytes) {
+		return nil, false
+	}
 	if q.wake == nil {
 		q.wake = make(chan struct{}, 1)
 	}
@@ -124,17 +128,31 @@ func (q *sendQueue) holdOwn() <-chan struct{} {
 	}
 	q.held = holdOwn
 	q.holdGen++
-	return q.wake
+	return q.wake, true
 }
 
 // holdPool marks the writer held in the pool's heap and returns the
-// hold's generation, for takeHold.
-func (q *sendQueue) holdPool() uint32 {
+// hold's generation, for takeHold. It reports false, marking nothing, if
+// the hold would already be over (see endsHoldLocked).
+func (q *sendQueue) holdPool(maxItems, maxBytes int) (gen uint32, ok bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.endsHoldLocked(maxItems, maxBytes) {
+		return 0, false
+	}
 	q.held = holdPool
 	q.holdGen++
-	return q.holdGen
+	return q.holdGen, true
+}
+
+// endsHoldLocked reports whether a hold about to be marked would be over
+// at once: the session is closing, or its queue holds an eighth of either
+// bound. closeWith and push end only a hold already marked, and the
+// writer decides to hold (holdFor) before it marks the hold, so a close
+// or a burst in between (for writeLoop, also one during its last write)
+// would otherwise wait out the whole hold.
+func (q *sendQueue) endsHoldLocked(maxItems, maxBytes int) bool {
+	return q.reason != reasonNone || len(q.items) >= maxItems/8 || q.bytes >= maxBytes/8
 }
 
 // takeHold ends the pool's hold gen when it comes due, and reports
@@ -287,17 +305,18 @@ func (s *session) writeLoop(ctx context.Context, first *writeRound) {
 			r, first = *first, nil
 		} else {
 			if left := s.holdFor(); left > 0 {
-				wake := s.q.holdOwn()
-				if wait == nil {
-					wait = time.NewTimer(left)
-				} else {
-					wait.Reset(left)
-				}
-				select {
-				case <-wait.C:
-					s.q.endHold()
-				case <-wake: // the queue filled an eighth (push)
-					wait.Stop()
+				if wake, ok := s.q.holdOwn(s.srv.cfg.SendQueueMessages, s.srv.cfg.SendQueueBytes); ok {
+					if wait == nil {
+						wait = time.NewTimer(left)
+					} else {
+						wait.Reset(left)
+					}
+					select {
+					case <-wait.C:
+						s.q.endHold()
+					case <-wake: // the queue filled an eighth (push), or the session is closing
+						wait.Stop()
+					}
 				}
 			}
 			var done bool

@@ -1,11 +1,14 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -140,4 +143,86 @@ func TestSession_PingFailureReason(t *testing.T) {
 			t.Fatalf("closed for %v (writeBroken %v), want %v: the ping's frame could not be written", r, s.writeBroken, reasonWriteError)
 		}
 	})
+}
+
+// TestSession_NoHoldOnceItWouldEnd: a close, or a push that fills an
+// eighth of the queue, ends a pacing hold (closeWith, push), but only one
+// already marked (holdOwn, holdPool). One that came after holdFor looked
+// at the session and before the hold was marked (for writeLoop: any time
+// during its last write, since it checked nothing) ended nothing, and the
+// writer then waited out the whole hold: the close frame, or the burst,
+// came a pacing delay late (here 10 s). The clock's hook runs the event
+// in that window: holdFor's call of Now is its last step.
+func TestSession_NoHoldOnceItWouldEnd(t *testing.T) {
+	now := time.Unix(1000, 0)
+	const d = 10 * time.Second // the hold: far longer than the test may take
+	var hook atomic.Pointer[func()]
+	start := time.Now()
+	srv, err := New(Config{
+		Writers: 1, SendQueueMessages: 64,
+		MaxWriteDelay: d, OverloadWriteDelay: d,
+		CPUTime: func() time.Duration { return 100 * time.Since(start) }, // always busy
+		Now: func() time.Time {
+			if f := hook.Swap(nil); f != nil {
+				(*f)()
+			}
+			return now
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown(context.Background())
+	deadline := time.Now().Add(10 * time.Second)
+	for srv.pacer.delay() != d {
+		if time.Now().After(deadline) {
+			t.Fatalf("pacing delay %v, want it to settle at %v", srv.pacer.delay(), d)
+		}
+		time.Sleep(5 * time.Millisecond) // polling the pacer's state, with a deadline
+	}
+	frame := outItem{body: []byte(`{"f":1}`), kind: idxPatch}
+	eighth := srv.cfg.SendQueueMessages / 8
+	for _, own := range []bool{false, true} {
+		for _, event := range []string{"close", "burst"} {
+			t.Run(fmt.Sprintf("own writer %v, %s", own, event), func(t *testing.T) {
+				s, cc := pooledSession(t, srv, event)
+				s.pooled = !own
+				// A session that batches, written just now: held for the whole d.
+				s.lastCount, s.lastGap, s.lastWrite = 64, int64(d), now.UnixNano()
+				if got := s.holdFor(); got != d {
+					t.Fatalf("holdFor = %v, want %v", got, d)
+				}
+				want := 1
+				f := func() { s.closeWith(reasonShutdown) }
+				if event == "burst" {
+					want += eighth
+					f = func() {
+						for range eighth {
+							s.enqueue(frame)
+						}
+					}
+				}
+				hook.Store(&f)
+				s.enqueue(frame) // its writer's holdFor runs f
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				n := 0
+				for n < want {
+					_, msg, err := cc.Read(ctx)
+					if err != nil {
+						t.Fatalf("after %d of %d frames: %v (the hold is %v)", n, want, err, d)
+					}
+					n += bytes.Count(msg, []byte("\n")) + 1
+				}
+				if event == "burst" {
+					s.closeWith(reasonShutdown)
+				}
+				_, _, err := cc.Read(ctx)
+				if websocket.CloseStatus(err) != websocket.StatusGoingAway {
+					t.Fatalf("after the frames the client read %v, want close 1001 within 5s (the hold is %v)", err, d)
+				}
+				waitWriters(t, s)
+			})
+		}
+	}
 }
