@@ -159,27 +159,34 @@ func (s *session) setAuth(st *authState) {
 // tokenExpired runs at the token's exp: it tells the client and starts the
 // grace period.
 func (s *session) tokenExpired(gen uint64) {
+	notice := frames.NewError(frames.CodeTokenExpired, "", "the session's token expired; the session is closed with 1008 after a grace period of "+s.srv.cfg.TokenGrace.String(),
+		"fetch a fresh token and send a new hello with it (same sub) on this connection before the grace period ends")
 	c := &s.tokens
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.gen != gen {
-		c.mu.Unlock()
 		return // refreshed or ended meanwhile
 	}
 	st := *s.auth.Load()
 	st.expired = true
 	s.auth.Store(&st)
 	c.timer = time.AfterFunc(s.srv.cfg.TokenGrace, func() { s.graceOver(gen) })
-	c.mu.Unlock()
-	s.sendError(frames.NewError(frames.CodeTokenExpired, "", "the session's token expired; the session is closed with 1008 after a grace period of "+s.srv.cfg.TokenGrace.String(),
-		"fetch a fresh token and send a new hello with it (same sub) on this connection before the grace period ends"))
+	// Queued under mu: a refresh stops the clock (under mu) before it
+	// queues its hello, so the notice of the token it replaces is queued
+	// before that hello or not at all. Queued after mu was released, it
+	// could follow the refresh's hello and read as the new token's expiry.
+	s.sendError(notice)
 }
 
+// graceOver closes the session at the end of its token's grace, unless
+// a refresh came first. The close is made under mu, as tokenExpired's
+// notice is queued: a refresh answered with its hello is never followed
+// by the close of the token it replaced.
 func (s *session) graceOver(gen uint64) {
 	c := &s.tokens
 	c.mu.Lock()
-	stale := c.gen != gen
-	c.mu.Unlock()
-	if !stale {
+	defer c.mu.Unlock()
+	if c.gen == gen {
 		s.closeWith(reasonTokenExpired)
 	}
 }
