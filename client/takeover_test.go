@@ -99,15 +99,7 @@ func TestReconnect_TakeOver_FailsWhileWaiting(t *testing.T) {
 	ctx := testCtx(t)
 	rec := newRecorder()
 	o := rec.options()
-	// The scheduled reconnect goes at once; the backoff after the failed
-	// take-over waits until the test ends.
-	o.Rand = func(n int64) int64 { return n - 1 }
-	o.Sleep = func(ctx context.Context, d time.Duration) error {
-		if d > 0 {
-			<-ctx.Done()
-		}
-		return ctx.Err()
-	}
+	noBackoff(o) // the reconnect goes at once; none after the failed take-over
 	c, err := client.Dial(ctx, s.url(), o)
 	noErr(t, err)
 	t.Cleanup(func() { c.Close() })
@@ -160,15 +152,7 @@ func TestReconnect_TakeOver_DropQueuedOnOld(t *testing.T) {
 	ctx := testCtx(t)
 	rec := newRecorder()
 	o := rec.options()
-	// The scheduled reconnect goes at once; the backoff after the new
-	// connection ends waits until the test ends.
-	o.Rand = func(n int64) int64 { return n - 1 }
-	o.Sleep = func(ctx context.Context, d time.Duration) error {
-		if d > 0 {
-			<-ctx.Done()
-		}
-		return ctx.Err()
-	}
+	noBackoff(o) // the reconnect goes at once; none after the new connection ends
 	c, err := client.Dial(ctx, s.url(), o)
 	noErr(t, err)
 	t.Cleanup(func() { c.Close() })
@@ -223,5 +207,18 @@ func TestReconnect_TakeOver_DropQueuedOnOld(t *testing.T) {
 	case f := <-sc1.in:
 		t.Fatalf("the old connection got %T %+v", f, f)
 	default:
+	}
+}
+
+// noBackoff makes o's scheduled reconnects go at once and any backoff
+// wait last until the test ends, so that a failed take-over leaves the
+// Client where it is.
+func noBackoff(o *client.Options) {
+	o.Rand = func(n int64) int64 { return n - 1 }
+	o.Sleep = func(ctx context.Context, d time.Duration) error {
+		if d > 0 {
+			<-ctx.Done()
+		}
+		return ctx.Err()
 	}
 }
