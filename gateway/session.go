@@ -27,7 +27,7 @@ type session struct {
 	netConn *corkConn // under conn: corked per message; write deadlines are set here
 	id      string
 	remote  string
-	ctx     context.Context // parent of writes; cancelled when run returns
+	ctx     context.Context // parent of writes: the server's baseCtx, cancelled last in Shutdown
 
 	// Set by the hello handler on the reader goroutine before helloDone is
 	// stored; read only by the reader afterwards. helloTimer is owned by the
