@@ -597,6 +597,14 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 		}
 		now := srv.cfg.Now().UnixMilli()
 		mu.Lock()
+		if ctx.Err() != nil {
+			// Stopped since the read (its last subscriber left): a new
+			// tailer may serve the topic already, and nothing of this
+			// one's may reach its subscribers. (The Hub's Publish checks
+			// ctx too; a transport need not.)
+			mu.Unlock()
+			return
+		}
 		for _, r := range res.Records {
 			if len(r.Data) > srv.maxRow() {
 				log.Warn("persisted topic: record is larger than a quarter of a session's send queue (-send-queue-bytes); skipped",
@@ -700,6 +708,9 @@ func (srv *Server) moveTail(ctx context.Context, t *tailer, kind byte, at string
 	mu := srv.seq.stripe(t.topic)
 	mu.Lock()
 	defer mu.Unlock()
+	if ctx.Err() != nil {
+		return // stopped: as in tail's hand-over
+	}
 	t.published, t.log = at, l
 	if err := srv.transport.Publish(ctx, t.topic, logMark(kind, at, l)); err != nil {
 		srv.log.Warn("persisted topic: fanout failed", "topic", t.topic, "err", err)
