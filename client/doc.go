@@ -80,8 +80,8 @@
 //     after the frame arrived, with no jitter of its own: the server has
 //     already spread its clients. The take-over is make-before-break: the
 //     old connection keeps delivering until the new one has completed its
-//     hello and every subscription is live on it, then the Client closes
-//     the old one (1000). If the new one ends before that, the old one is
+//     hello and every subscription is live on it (or, at most, 10 s: see
+//     [EventResumed]), then the Client closes the old one (1000). If the new one ends before that, the old one is
 //     not closed: it keeps delivering the subscriptions it carries (it
 //     sends nothing more; calls wait for the next connection) until a
 //     later connection has taken over, and the Client retries with

@@ -43,7 +43,13 @@ const (
 	// EventResumed: the new connection took over: every subscription is
 	// live on it (or failed, see EventSubscriptionFailed) and unacknowledged
 	// mutates were re-sent. Since is when the reconnect began: the
-	// scheduled time (Reason set), or when the connection was lost.
+	// scheduled time (Reason set), or when the connection was lost. If the
+	// new connection has not answered every resubscribe within 10 s it
+	// takes over anyway (the old one is closed), and Err, which wraps
+	// context.DeadlineExceeded, says how many are not live yet: each gets
+	// no patches until the new connection answers it (then it resumes
+	// from its cursor, or fails as above). A take-over that Close
+	// interrupts emits nothing.
 	EventResumed
 	// EventCursorExpired: Sub could not be resumed from its cursor
 	// (X_CURSOR_EXPIRED, e.g. an ephemeral topic), or the server reset it
@@ -240,8 +246,9 @@ func (c *Client) supervise(ctx context.Context, cur *conn, n int) {
 // ends first, old is left delivering (its writes stopped) and closed by
 // the next take-over that succeeds. It reports whether next became
 // current; if not, next has ended (or the Client is closing).
-// resumed is emitted once the subscriptions are live on next, before old
-// is closed.
+// resumed is emitted once the subscriptions are live on next, or with
+// Err set once takeOverWait has passed without, before old is closed; not
+// if the Client closes first.
 func (c *Client) takeOver(ctx context.Context, old, next *conn, resumed Event) bool {
 	if c.lockSend(ctx) != nil {
 		next.closeNow()
@@ -403,7 +410,15 @@ func (c *Client) takeOver(ctx context.Context, old, next *conn, resumed Event) b
 			return true
 		}
 	case <-t.C:
+		c.mu.Lock()
+		if left := rg.left; left > 0 {
+			resumed.Err = fmt.Errorf("client: %d subscription(s) not resubscribed within %v: %w", left, takeOverWait, context.DeadlineExceeded)
+		}
+		c.mu.Unlock()
 	case <-ctx.Done():
+		// The Client is closing: next did not take over, and the
+		// supervisor closes every connection.
+		return true
 	}
 	c.emit(resumed)
 	// old, and any connection an earlier failed take-over left

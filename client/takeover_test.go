@@ -3,6 +3,8 @@ package client_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -221,4 +223,77 @@ func noBackoff(o *client.Options) {
 		}
 		return ctx.Err()
 	}
+}
+
+// A Close while a take-over waits for the new connection's resubscribe
+// snapshots interrupts it: the new connection did not take over, and no
+// EventResumed says it did.
+func TestReconnect_TakeOver_CloseWhileWaitingForSnapshots(t *testing.T) {
+	ctx, rec, c, s, sc1 := startScripted(t)
+	subscribeScripted(t, ctx, c, sc1, nil)
+	sc1.send(t, &frames.Reconnect{AfterMs: 0, Reason: frames.ReasonDrain})
+	sc2 := s.next(t)
+	expect[*frames.Subscribe](t, sc2) // the resubscribe, never answered
+	noErr(t, c.Close())
+	if n := rec.count(client.EventResumed); n != 0 {
+		t.Fatalf("%d EventResumed after Close interrupted the take-over, want 0", n)
+	}
+}
+
+// A take-over whose new connection does not answer every resubscribe
+// within takeOverWait goes on: the old connection is closed, and
+// EventResumed says, in Err, that not every subscription is live on the
+// new one. The one not answered goes live when it is. (It waits out the
+// 10 s: takeOverWait is a constant.)
+func TestReconnect_TakeOver_SnapshotsTimeOut(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out takeOverWait")
+	}
+	s := newScripted(t)
+	ctx := testCtx(t)
+	rec := newRecorder()
+	o := rec.options()
+	resumed := make(chan client.Event, 1)
+	onEvent := o.OnEvent
+	o.OnEvent = func(e client.Event) {
+		onEvent(e)
+		if e.Kind == client.EventResumed {
+			resumed <- e
+		}
+	}
+	noBackoff(o)
+	c, err := client.Dial(ctx, s.url(), o)
+	noErr(t, err)
+	t.Cleanup(func() { c.Close() })
+	sc1 := s.next(t)
+	a := subscribeScripted(t, ctx, c, sc1, nil)
+	b := subscribeScripted(t, ctx, c, sc1, rec.handler(t))
+
+	sc1.send(t, &frames.Reconnect{AfterMs: 0, Reason: frames.ReasonDrain})
+	sc2 := s.next(t)
+	adds := map[string]*frames.Subscribe{}
+	for range 2 {
+		add := expect[*frames.Subscribe](t, sc2)
+		adds[add.SID] = add
+	}
+	// a is answered; b is not, until the take-over has given up waiting.
+	sc2.send(t, &frames.Ack{Ref: a.SID()}, topicSnapshot(a.SID(), 0, "log:a"))
+	var e client.Event
+	select {
+	case e = <-resumed:
+	case <-time.After(client.TakeOverWaitForTest + 10*time.Second):
+		t.Fatal("no EventResumed after the take-over's wait")
+	}
+	if !errors.Is(e.Err, context.DeadlineExceeded) {
+		t.Fatalf("EventResumed.Err = %v, want one that wraps context.DeadlineExceeded", e.Err)
+	}
+	if !strings.Contains(e.Err.Error(), "1 subscription(s)") {
+		t.Fatalf("EventResumed.Err = %v, want it to count 1 subscription", e.Err)
+	}
+	// b goes live on the new connection when it is answered.
+	if adds[b.SID()] == nil {
+		t.Fatalf("no resubscribe of b: %v", adds)
+	}
+	sc2.send(t, &frames.Ack{Ref: b.SID()}, topicSnapshot(b.SID(), 0, "log:a"), insert(b.SID(), 1, "b1"))
+	rec.waitData(t, 1)
 }
