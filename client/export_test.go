@@ -10,3 +10,11 @@ func (s *Subscription) DroppingForTest() bool {
 	defer s.c.mu.Unlock()
 	return s.dropping
 }
+
+// DropWaitersForTest reports how many Drops of s wait for the outcome of
+// another's drop.
+func (s *Subscription) DropWaitersForTest() int {
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	return len(s.dropWait)
+}

@@ -604,3 +604,57 @@ func TestSubscription_DuplicatesFromHandler(t *testing.T) {
 		t.Fatal("Duplicates called from the patch handler still waiting after 5s")
 	}
 }
+
+// Two Drops of one subscription at once: the second waits for the first's
+// drop rather than sending its own (which the server, having ended the
+// subscription, would refuse with X_NOT_SUBSCRIBED). Both return nil,
+// and no patch is delivered after.
+func TestSubscription_Drop_Concurrent(t *testing.T) {
+	ctx, rec, c, _, sc := startScripted(t)
+	sub := subscribeScripted(t, ctx, c, sc, nil)
+	sid := sub.SID()
+
+	dropped := make(chan error, 2)
+	go func() { dropped <- sub.Drop(ctx) }()
+	first := expect[*frames.Subscribe](t, sc)
+	equal(t, "first drop", first.Op, frames.OpDrop)
+	go func() { dropped <- sub.Drop(ctx) }()
+	// The second Drop either waits for the first's outcome or sends a
+	// drop of its own.
+	var second *frames.Subscribe
+	deadline := time.After(10 * time.Second)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for second == nil && sub.DropWaitersForTest() == 0 {
+		select {
+		case f := <-sc.in:
+			second, _ = f.(*frames.Subscribe)
+			if second == nil {
+				t.Fatalf("client sent %T %+v", f, f)
+			}
+		case <-deadline:
+			t.Fatal("the second Drop neither waits nor sends")
+		case <-tick.C:
+		}
+	}
+	sc.send(t, &frames.Ack{Ref: sid})
+	if second != nil {
+		// What a server answers a drop of a sid it no longer has.
+		sc.send(t, errAck(sid, frames.CodeNotSubscribed, "not subscribed"))
+	}
+	for range 2 {
+		noErr(t, recv(t, ctx, dropped))
+	}
+	if second != nil {
+		t.Fatal("the second Drop sent a drop of its own")
+	}
+	sc.send(t, insert(sid, 1, "x"), &frames.Ack{Ref: "marker"})
+	select {
+	case <-rec.marked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the patch was not read")
+	}
+	for p := range sub.Patches() {
+		t.Fatalf("a patch after Drop: %+v", p)
+	}
+}

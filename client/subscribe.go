@@ -35,6 +35,7 @@ type Subscription struct {
 	settled   bool
 	abandoned bool
 	dropping  bool
+	dropWait  []chan error // later Drops waiting for the outcome of the drop in flight
 	via       *conn        // the connection of the latest subscribe add
 	expiredOn *conn        // that add was answered X_CURSOR_EXPIRED
 	snapOn    *conn        // the connection whose snapshot s follows
@@ -648,7 +649,9 @@ func (s *Subscription) Duplicates() int64 {
 // Drop sends subscribe drop and waits for the ack. Once the ack arrives no
 // more patches are delivered and the Patches channel is closed. An ack
 // error is returned as a *frames.Error; X_NOT_SUBSCRIBED still ends the
-// subscription. Drop of a subscription already dropped returns nil. With
+// subscription. Drop of a subscription already dropped returns nil; one
+// while another Drop of it waits for its ack waits for the same outcome
+// (or ctx) and returns what that Drop does (ctx aside). With
 // Reconnect, a Drop while disconnected, or whose connection ends before
 // the ack, ends the subscription at once (it is not resubscribed); so
 // does one whose connection a take-over replaces before the ack (the
@@ -674,6 +677,20 @@ func (s *Subscription) Drop(ctx context.Context) error {
 		c.unlockSend()
 		return nil
 	}
+	if c.err == nil && s.dropping {
+		// A drop is in flight: wait for its outcome rather than send
+		// another, which the server would refuse (X_NOT_SUBSCRIBED)
+		// once the first has ended the subscription.
+		s.dropWait = append(s.dropWait, errc)
+		c.mu.Unlock()
+		c.unlockSend()
+		select {
+		case err := <-errc:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	cn := c.cur
 	if c.err == nil && cn == nil && c.opts.Reconnect {
 		delete(c.subs, s.sid)
@@ -690,7 +707,6 @@ func (s *Subscription) Drop(ctx context.Context) error {
 	case cn == nil:
 		err = c.last.err
 	default:
-		s.dropping = true
 		err = cn.addSubWaiterLocked(s.sid, func(a *frames.Ack, err error) {
 			if err == nil {
 				err = s.handleDropAck(a)
@@ -699,8 +715,16 @@ func (s *Subscription) Drop(ctx context.Context) error {
 				s.forget()
 				err = nil
 			}
+			c.mu.Lock()
+			waiting := s.dropWait
+			s.dropWait = nil
+			c.mu.Unlock()
+			for _, w := range waiting {
+				w <- err
+			}
 			errc <- err
 		})
+		s.dropping = err == nil
 	}
 	c.mu.Unlock()
 	if err != nil {
