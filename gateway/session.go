@@ -341,7 +341,8 @@ func (s *session) onOwnStack(fn func()) {
 }
 
 // closeWith ends the session for reason r; the first reason wins. It never
-// blocks: the writer (started here if none runs) sends the close frame.
+// blocks: the writer (started here if none runs) sends the close frame,
+// and one waiting for a pong stops waiting (session.ping).
 func (s *session) closeWith(r closeReason) {
 	s.q.mu.Lock()
 	if s.q.reason != reasonNone {
@@ -352,7 +353,13 @@ func (s *session) closeWith(r closeReason) {
 	start := s.claimWriterLocked()
 	// A writer pacing holds sends the close now, not after the hold.
 	wake := s.q.held != holdNone && s.q.unholdLocked() == pushedWake
+	// A writer waiting for a pong stops waiting (see session.ping): a
+	// peer that cut the connection would never send it.
+	stopPing := s.q.pingStop
 	s.q.mu.Unlock()
+	if stopPing != nil {
+		stopPing() // after q.mu: it takes the context's own locks
+	}
 	s.closing.Store(true) // before the pool's turn, which holds no closing session
 	if wake {
 		s.srv.pool.add(s)

@@ -42,6 +42,9 @@ type sendQueue struct {
 	held    holdKind      // guarded by mu: the writer is held by pacing, and by whom (see push)
 	holdGen uint32        // guarded by mu: counts holds, so that a pool's entry of an ended hold is known (takeHold)
 	wake    chan struct{} // guarded by mu: ends writeLoop's hold early; made at its first hold
+	// pingStop ends the writer's ping (its wait for the pong): set while
+	// one runs (session.ping), called by closeWith. Guarded by mu.
+	pingStop context.CancelFunc
 
 	writers *sync.WaitGroup // joined under mu whenever writing turns true
 }
@@ -362,13 +365,20 @@ func (s *session) writeFailed(err error) {
 // the peer's close frame, and on a cut) fails the reader too, and run
 // then closes the session with the reader's reason: taking the reason
 // here would race the reader for it and call a client's own close a
-// ping timeout. Any other error is the ping frame's write failing.
+// ping timeout. A ping cancelled (closeWith ends it, see session.ping)
+// means the session is closing: the writer's next round closes it for
+// the reason closeWith set. Any other error is the ping frame's write
+// failing.
 func (s *session) pingFailed(err error) {
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		s.closeWith(reasonPingTimeout)
 	case errors.Is(err, net.ErrClosed):
 		// The reader's reason.
+	case errors.Is(err, context.Canceled):
+		// closeWith's reason. A no-op but when the cancel was s.ctx's,
+		// which Shutdown cancels only after closing every session.
+		s.closeWith(reasonShutdown)
 	default:
 		s.writeFailed(err)
 	}
@@ -614,11 +624,35 @@ func (s *session) pingTick() {
 // ping waits up to PongTimeout for a pong. A late pong is forgiven when
 // messages kept arriving meanwhile: a client busy publishing can have its
 // pong stuck behind its own backpressured writes.
+//
+// A session that closes meanwhile (a cut the reader saw, Shutdown, a
+// drain slot) ends the wait: closeWith cancels the ping's ctx
+// (q.pingStop), so the writer goes on to the close at once rather than
+// after PongTimeout, and run, its unsubscribes and Shutdown do not wait
+// for a pong that a cut peer will never send. Ping then fails with
+// context.Canceled (see pingFailed). A cancel that lands while the ping
+// frame itself is being written makes coder/websocket close the
+// connection (its write-timeout hook): a write it cuts short returns only
+// once the connection is closed, so nothing follows part of a frame (the
+// close's writes fail with net.ErrClosed), and the reason stays
+// closeWith's. The
+// cancel is made once per ping, that is at most once per PingInterval of
+// the peer's silence; nothing is added per frame.
 func (s *session) ping(ctx context.Context) error {
 	start := s.srv.cfg.Now().UnixNano()
 	ctx, cancel := context.WithTimeout(ctx, s.srv.cfg.PongTimeout)
 	defer cancel()
+	s.q.mu.Lock()
+	if s.q.reason != reasonNone {
+		s.q.mu.Unlock()
+		return nil // closing: the next round sends the close, no ping
+	}
+	s.q.pingStop = cancel
+	s.q.mu.Unlock()
 	err := s.conn.Ping(ctx)
+	s.q.mu.Lock()
+	s.q.pingStop = nil
+	s.q.mu.Unlock()
 	if err != nil && s.lastRead.Load() > start && ctx.Err() != nil {
 		return nil
 	}

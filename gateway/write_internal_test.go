@@ -226,3 +226,83 @@ func TestSession_NoHoldOnceItWouldEnd(t *testing.T) {
 		}
 	}
 }
+
+// TestSession_CloseEndsPing: a session that closes while its writer waits
+// for a pong ends the wait. The writer used to wait out PongTimeout (here
+// 30 s) whatever closed the session: a peer that cut the connection (the
+// reader's read_error) never answers, and run's wait for the writer, the
+// unsubscribes and Server.Shutdown waited with it. The close keeps its
+// reason, and a shutdown still sends its close frame. The test plays the
+// reader itself, as TestSession_PingFailureReason does.
+func TestSession_CloseEndsPing(t *testing.T) {
+	const pongTimeout = 30 * time.Second
+	srv, err := New(Config{PongTimeout: pongTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown(context.Background())
+
+	// waitPinging has s's writer ping and returns once the client has
+	// read the ping: the writer then waits for a pong that will not come.
+	// The client's reads end with the error it got, on read.
+	waitPinging := func(t *testing.T, name string) (s *session, cc *websocket.Conn, read <-chan error) {
+		t.Helper()
+		sc, raw, cc, pinged := pingPair(t)
+		s = newSession(context.Background(), srv, sc, raw, name, "test")
+		readErr := make(chan error, 1)
+		go func() {
+			for {
+				if _, _, err := cc.Read(context.Background()); err != nil {
+					readErr <- err
+					return
+				}
+			}
+		}()
+		askPing(s)
+		select {
+		case <-pinged:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no ping within 10s")
+		}
+		return s, cc, readErr
+	}
+	// writerDone fails unless s's writer stops well within pongTimeout.
+	writerDone := func(t *testing.T, s *session) {
+		t.Helper()
+		stopped := make(chan struct{})
+		go func() { s.writers.Wait(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the writer still waits for the pong 5s after the close (PongTimeout %v)", pongTimeout)
+		}
+	}
+
+	t.Run("shutdown", func(t *testing.T) {
+		s, _, read := waitPinging(t, "shutdown")
+		s.closeWith(reasonShutdown)
+		writerDone(t, s)
+		if r := reasonOf(s); r != reasonShutdown {
+			t.Fatalf("closed for %v, want %v", r, reasonShutdown)
+		}
+		select {
+		case err := <-read:
+			if websocket.CloseStatus(err) != websocket.StatusGoingAway {
+				t.Fatalf("the client read %v, want close 1001", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("the client got no close frame within 5s")
+		}
+	})
+
+	t.Run("cut by the peer", func(t *testing.T) {
+		s, cc, _ := waitPinging(t, "cut")
+		_ = cc.CloseNow() // the TCP connection ends, without a close frame
+		rerr := s.readLoop()
+		s.closeWith(readErrorReason(rerr))
+		writerDone(t, s)
+		if r := reasonOf(s); r != reasonReadError {
+			t.Fatalf("closed for %v (read: %v), want %v", r, rerr, reasonReadError)
+		}
+	})
+}
