@@ -17,6 +17,12 @@ import (
 // client end.
 func connPair(t *testing.T) (server *websocket.Conn, raw *corkConn, client *websocket.Conn) {
 	t.Helper()
+	return connPairWith(t, nil)
+}
+
+// connPairWith is connPair with the client dialled with opts.
+func connPairWith(t *testing.T, opts *websocket.DialOptions) (server *websocket.Conn, raw *corkConn, client *websocket.Conn) {
+	t.Helper()
 	ch := make(chan *websocket.Conn, 1)
 	done := make(chan struct{})
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -30,7 +36,7 @@ func connPair(t *testing.T) (server *websocket.Conn, raw *corkConn, client *webs
 	}))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	client, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(ts.URL, "http"), nil)
+	client, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(ts.URL, "http"), opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,9 +5,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/http"
-	"net/http/httptest"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,21 +16,8 @@ import (
 // and does not answer it.
 func pingPair(t *testing.T) (server *websocket.Conn, raw *corkConn, client *websocket.Conn, pinged <-chan struct{}) {
 	t.Helper()
-	ch := make(chan *websocket.Conn, 1)
-	done := make(chan struct{})
-	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c, err := websocket.Accept(hijackSizer{w, &raw}, r, nil)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		ch <- c
-		<-done
-	}))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	pings := make(chan struct{}, 1)
-	client, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(ts.URL, "http"), &websocket.DialOptions{
+	server, raw, client = connPairWith(t, &websocket.DialOptions{
 		OnPingReceived: func(context.Context, []byte) bool {
 			select {
 			case pings <- struct{}{}:
@@ -41,16 +25,6 @@ func pingPair(t *testing.T) (server *websocket.Conn, raw *corkConn, client *webs
 			}
 			return false // no pong
 		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	server = <-ch
-	t.Cleanup(func() {
-		_ = client.CloseNow()
-		_ = server.CloseNow()
-		close(done)
-		ts.Close()
 	})
 	return server, raw, client, pings
 }
