@@ -434,13 +434,7 @@ func TestSession_HoldEndsWhenTheQueueFills(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Shutdown(context.Background())
-	deadline := time.Now().Add(10 * time.Second)
-	for srv.pacer.delay() != d {
-		if time.Now().After(deadline) {
-			t.Fatalf("pacing delay %v, want it to settle at %v", srv.pacer.delay(), d)
-		}
-		time.Sleep(5 * time.Millisecond) // polling the pacer's state, with a deadline
-	}
+	waitPaceDelay(t, srv, d)
 	body := []byte(`"` + strings.Repeat("x", 1000) + `"`)
 	const frames = 200 // about 200 KB: over the 128 KiB bound, unless written meanwhile
 	for _, own := range []bool{false, true} {
@@ -495,5 +489,18 @@ func TestSession_HoldEndsWhenTheQueueFills(t *testing.T) {
 		if websocket.CloseStatus(err) != websocket.StatusGoingAway {
 			t.Fatalf("own writer %v: after the close the client read %v, want close 1001 within 5s (the hold is %v)", own, err, d)
 		}
+	}
+}
+
+// waitPaceDelay waits, polling with a deadline, until srv's pacing delay
+// settles at d (a node the test keeps busy).
+func waitPaceDelay(t *testing.T, srv *Server, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for srv.pacer.delay() != d {
+		if time.Now().After(deadline) {
+			t.Fatalf("pacing delay %v, want it to settle at %v", srv.pacer.delay(), d)
+		}
+		time.Sleep(5 * time.Millisecond) // polling the pacer's state, with a deadline
 	}
 }

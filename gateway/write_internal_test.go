@@ -147,13 +147,7 @@ func TestSession_NoHoldOnceItWouldEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Shutdown(context.Background())
-	deadline := time.Now().Add(10 * time.Second)
-	for srv.pacer.delay() != d {
-		if time.Now().After(deadline) {
-			t.Fatalf("pacing delay %v, want it to settle at %v", srv.pacer.delay(), d)
-		}
-		time.Sleep(5 * time.Millisecond) // polling the pacer's state, with a deadline
-	}
+	waitPaceDelay(t, srv, d)
 	frame := outItem{body: []byte(`{"f":1}`), kind: idxPatch}
 	eighth := srv.cfg.SendQueueMessages / 8
 	for _, own := range []bool{false, true} {
