@@ -31,13 +31,8 @@ func TestClient_Subscribe_GiveUpDrops(t *testing.T) {
 			t.Cleanup(func() { c.Close() })
 			sc := s.next(t)
 
-			sctx, cancel := context.WithCancel(ctx)
+			cancel, errc := subscribeCancellable(ctx, c)
 			defer cancel()
-			errc := make(chan error, 1)
-			go func() {
-				_, err := c.Subscribe(sctx, "p:t", nil, nil)
-				errc <- err
-			}()
 			add := expect[*frames.Subscribe](t, sc)
 			cancel()
 			if err := recv(t, ctx, errc); !errors.Is(err, context.Canceled) {
@@ -86,13 +81,8 @@ func TestClient_Subscribe_GiveUpDrops(t *testing.T) {
 // not wait for it.
 func TestReconnect_SubscribeGiveUpDuringTakeOver(t *testing.T) {
 	ctx, rec, c, s, sc1 := startScripted(t)
-	sctx, cancel := context.WithCancel(ctx)
+	cancel, errc := subscribeCancellable(ctx, c)
 	defer cancel()
-	errc := make(chan error, 1)
-	go func() {
-		_, err := c.Subscribe(sctx, "p:t", nil, nil)
-		errc <- err
-	}()
 	add := expect[*frames.Subscribe](t, sc1)
 	sc1.send(t, &frames.Reconnect{AfterMs: 0, Reason: frames.ReasonDrain})
 	sc2 := s.next(t)
@@ -113,4 +103,16 @@ func TestReconnect_SubscribeGiveUpDuringTakeOver(t *testing.T) {
 	if len(rec.frames) != 1 {
 		t.Fatalf("OnFrame got %d frames, want only the marker: %+v", len(rec.frames), rec.frames)
 	}
+}
+
+// subscribeCancellable subscribes c to "p:t" on another goroutine, under a
+// ctx that cancel ends, and returns Subscribe's error on errc.
+func subscribeCancellable(ctx context.Context, c *client.Client) (cancel context.CancelFunc, errc <-chan error) {
+	sctx, cancel := context.WithCancel(ctx)
+	ch := make(chan error, 1)
+	go func() {
+		_, err := c.Subscribe(sctx, "p:t", nil, nil)
+		ch <- err
+	}()
+	return cancel, ch
 }
