@@ -337,12 +337,9 @@ func (p *presenceHub) join(ctx context.Context, s *session, topic, ref string, m
 	now := p.srv.cfg.Now()
 	m = p.stampLocked(s, topic, m, now)
 	if !joined {
-		if s.syncs == nil {
-			s.syncs = rate.NewLimiter(presenceSyncRate, max(1, p.srv.cfg.MaxSubscriptions))
-		}
-		if list = s.syncs.ReserveN(now, 1); !list.OK() || list.DelayFrom(now) > 0 {
-			list.CancelAt(now)
-			return errSyncRate
+		var err error
+		if list, err = p.reserveListLocked(s, now); err != nil {
+			return err
 		}
 	}
 	if held := len(p.held[s]); held > 1 || held == 1 && !joined {
@@ -357,10 +354,7 @@ func (p *presenceHub) join(ctx context.Context, s *session, topic, ref string, m
 	sn, err := p.reg.Join(ctx, topic, s.id, m)
 	if err != nil {
 		if list != nil {
-			// No list was sent. At the reservation's own time: later,
-			// rate.Reservation gives nothing back. Only this session's
-			// reader (under mu) uses its limiter, so nothing came between.
-			list.CancelAt(now)
+			list.CancelAt(now) // no list was sent
 		}
 		return err
 	}
@@ -369,6 +363,48 @@ func (p *presenceHub) join(ctx context.Context, s *session, topic, ref string, m
 	if !joined {
 		s.send(&frames.Presence{Topic: topic, Op: frames.PresenceSync, Members: wireMembers(sn.Members), Count: p.syncCount(&sn)})
 	}
+	return nil
+}
+
+// reserveListLocked takes one list from s's budget (presenceSyncRate,
+// after a burst of MaxSubscriptions), or refuses with errSyncRate. A
+// caller that then sends no list gives it back with CancelAt(now), at the
+// reservation's own time: later, rate.Reservation gives nothing back.
+// Only the session's reader (under mu) uses its limiter, so nothing comes
+// between.
+func (p *presenceHub) reserveListLocked(s *session, now time.Time) (*rate.Reservation, error) {
+	if s.syncs == nil {
+		s.syncs = rate.NewLimiter(presenceSyncRate, max(1, p.srv.cfg.MaxSubscriptions))
+	}
+	list := s.syncs.ReserveN(now, 1)
+	if !list.OK() || list.DelayFrom(now) > 0 {
+		list.CancelAt(now)
+		return nil, errSyncRate
+	}
+	return list, nil
+}
+
+// list answers a subscriber's request for topic's member list (a sync
+// frame from the client): the ack, then the Sync, queued under mu like a
+// join's so no Diff computed before it overtakes it. It takes a list
+// from the session's budget, as a join that needs one does. The caller
+// has checked that s subscribes to topic: a subscriber gets the topic's
+// diffs whether or not it may join, so the list shows it nothing more.
+func (p *presenceHub) list(ctx context.Context, s *session, topic, ref string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.srv.cfg.Now()
+	list, err := p.reserveListLocked(s, now)
+	if err != nil {
+		return err
+	}
+	sn, err := p.reg.List(ctx, topic)
+	if err != nil {
+		list.CancelAt(now)
+		return err
+	}
+	s.sendAck(ref, nil)
+	s.send(&frames.Presence{Topic: topic, Op: frames.PresenceSync, Members: wireMembers(sn.Members), Count: p.syncCount(&sn)})
 	return nil
 }
 
@@ -473,8 +509,8 @@ func (s *session) subscribedTo(topic string) bool {
 }
 
 // handleFramePresence carries out a client presence frame and answers it
-// with an ack (ref "presence:<topic>") or a typed error; a join's ack is
-// followed by the topic's sync.
+// with an ack (ref "presence:<topic>") or a typed error; the ack of a join
+// and of a sync (a request for the list) is followed by the topic's sync.
 func (s *session) handleFramePresence(ctx context.Context, f *frames.Presence) {
 	ref := presenceRefPrefix + f.Topic
 	if err := validTopic(f.Topic); err != nil {
@@ -488,8 +524,19 @@ func (s *session) handleFramePresence(ctx context.Context, f *frames.Presence) {
 		s.sendAck(ref, nil)
 		return
 	case frames.PresenceSync:
-		s.sendError(frames.NewError(frames.CodeBadField, ref, "presence.op: sync is sent by the server only",
-			`send op "join", "update" or "leave"; a join is answered with a sync`))
+		// A request for the list: no grant beyond the subscription,
+		// whose diffs carry the same members.
+		switch {
+		case len(f.Members) != 0:
+			s.sendError(frames.NewError(frames.CodeBadField, ref, fmt.Sprintf("presence.members: a sync request carries no members, got %d", len(f.Members)),
+				`send {"type":"presence","v":1,"topic":…,"op":"sync","members":[]}`))
+		case !s.subscribedTo(f.Topic):
+			s.sendError(frames.NewError(frames.CodePresenceNotSubscribed, ref, "presence: this session has no subscription to topic "+quote(f.Topic), "subscribe to the topic first"))
+		default:
+			if err := p.list(ctx, s, f.Topic, ref); err != nil {
+				s.sendError(s.presenceError(ref, f.Topic, err))
+			}
+		}
 		return
 	}
 	if len(f.Members) != 1 {
@@ -526,7 +573,7 @@ func (s *session) presenceError(ref, topic string, err error) *frames.Error {
 	switch {
 	case errors.Is(err, errSyncRate):
 		return frames.NewError(frames.CodePresenceRateLimited, ref,
-			fmt.Sprintf("presence: this session was sent %d member lists at once and %d a second since; this join would need another", max(1, s.srv.cfg.MaxSubscriptions), presenceSyncRate), "")
+			fmt.Sprintf("presence: this session was sent %d member lists at once and %d a second since; this frame would need another", max(1, s.srv.cfg.MaxSubscriptions), presenceSyncRate), "")
 	case errors.Is(err, presence.ErrMetaTooLarge):
 		return frames.NewError(frames.CodeMetaTooLarge, ref, "presence.members[0].meta: over the server's limit", "")
 	case errors.Is(err, presence.ErrIDConflict):

@@ -136,6 +136,21 @@ func presenceAck(c *gwtest.Conn, topic, op, meta string, updatedAt int64) frames
 	return ""
 }
 
+// requestList sends a presence sync (a request for the list) and returns
+// the sync that follows its ack, or nil and the ack's error code.
+func requestList(t *testing.T, c *gwtest.Conn, topic string) (*frames.Presence, frames.Code) {
+	t.Helper()
+	c.Send(&frames.Presence{Topic: topic, Op: frames.PresenceSync, Members: []frames.Member{}})
+	if ack := c.AwaitAck("presence:" + topic); ack.Error != nil {
+		return nil, ack.Error.Code
+	}
+	for { // diffs read past while waiting for the ack come first
+		if p, ok := c.Next().(*frames.Presence); ok && p.Op == frames.PresenceSync && p.Topic == topic {
+			return p, ""
+		}
+	}
+}
+
 func memberIDs(ms []frames.Member) string {
 	ids := make([]string, len(ms))
 	for i, m := range ms {
@@ -213,6 +228,9 @@ func TestPresence_Errors(t *testing.T) {
 			t.Errorf("%s: code %q, want %q", tt.name, got, tt.want)
 		}
 	}
+	if _, got := requestList(t, c, "room"); got != frames.CodePresenceNotSubscribed {
+		t.Errorf("list unsubscribed: code %q, want X_PRESENCE_NOT_SUBSCRIBED", got)
+	}
 	c.Subscribe("s1", "room")
 	if got := presenceAck(c, "room", frames.PresenceUpdate, `null`, 0); got != frames.CodePresenceNotJoined {
 		t.Errorf("update before join: %q", got)
@@ -221,7 +239,7 @@ func TestPresence_Errors(t *testing.T) {
 		t.Errorf("large meta: %q", got)
 	}
 	if got := presenceAck(c, "room", frames.PresenceSync, `null`, 0); got != frames.CodeBadField {
-		t.Errorf("client sync: %q", got)
+		t.Errorf("client sync with a member: %q", got)
 	}
 	c.Send(&frames.Presence{Topic: "room", Op: frames.PresenceJoin, Members: []frames.Member{}})
 	if ack := c.AwaitAck("presence:room"); ack.Error == nil || ack.Error.Code != frames.CodeBadField {
@@ -240,6 +258,46 @@ func TestPresence_Errors(t *testing.T) {
 	c.Subscribe("s2", "room2")
 	if got := presenceAck(c, "room2", frames.PresenceJoin, `null`, 0); got != frames.CodePresenceConflict {
 		t.Errorf("id held by another actor: %q", got)
+	}
+}
+
+// TestPresence_ObserverAsksForTheList: a subscriber that has not joined
+// asks for the list with a sync and gets the members, itself not among
+// them, then the diffs; asking again gets the list again.
+func TestPresence_ObserverAsksForTheList(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, fastPresence(gateway.Config{}))
+	a := gwtest.Dial(t, srv.url, nil)
+	a.Hello("tab-a", 0)
+	a.Subscribe("s1", "room")
+	join(t, a, "room", `{"n":"Ada"}`)
+
+	o := gwtest.Dial(t, srv.url, nil)
+	o.Hello("watcher", 0)
+	o.Subscribe("s1", "room")
+	if sync, code := requestList(t, o, "room"); code != "" || memberIDs(sync.Members) != "tab-a" || string(sync.Members[0].Meta) != `{"n":"Ada"}` || sync.Count != 0 {
+		t.Fatalf("observer's list: %+v, %q; want tab-a with its meta", sync, code)
+	}
+	v := newPresenceView(t, o, "room")
+	v.members["tab-a"] = frames.Member{ID: "tab-a"}
+	b := gwtest.Dial(t, srv.url, nil)
+	b.Hello("tab-b", 0)
+	b.Subscribe("s1", "room")
+	join(t, b, "room", `null`)
+	v.until("b's join", func() bool { return v.has("tab-b") })
+	if code := presenceAck(a, "room", frames.PresenceLeave, `null`, 0); code != "" {
+		t.Fatalf("a's leave: %s", code)
+	}
+	v.until("a's leave", func() bool { return !v.has("tab-a") })
+	if sync, code := requestList(t, o, "room"); code != "" || memberIDs(sync.Members) != "tab-b" {
+		t.Fatalf("observer's second list: %+v, %q; want tab-b", sync, code)
+	}
+	if sync, code := requestList(t, o, "empty"); code != frames.CodePresenceNotSubscribed {
+		t.Fatalf("list of a topic not subscribed: %+v, %q", sync, code)
+	}
+	o.Subscribe("s2", "empty")
+	if sync, code := requestList(t, o, "empty"); code != "" || sync.Members == nil || len(sync.Members) != 0 {
+		t.Fatalf("list of a topic nobody joined: %+v, %q; want an empty list", sync, code)
 	}
 }
 
@@ -726,6 +784,9 @@ func TestPresence_ListsPerSessionAreRationed(t *testing.T) {
 	}
 	if code := presenceAck(c, "room", frames.PresenceJoin, `null`, 0); code != frames.CodePresenceRateLimited {
 		t.Fatalf("join 129 with the clock still: %q, want X_PRESENCE_RATE_LIMITED", code)
+	}
+	if _, code := requestList(t, c, "room"); code != frames.CodePresenceRateLimited {
+		t.Fatalf("a request for the list from the same budget: %q, want X_PRESENCE_RATE_LIMITED", code)
 	}
 	// Refused whole: the member is not in the topic.
 	if code := presenceAck(c, "room", frames.PresenceUpdate, `{"x":1}`, 0); code != frames.CodePresenceNotJoined {

@@ -191,6 +191,23 @@ func (r *MemoryRegistry) LeaveAll(_ context.Context, holderID string) error {
 	return nil
 }
 
+// List implements [Registry.List]. Like a Join's Sync it costs one pass
+// over the listed members.
+func (r *MemoryRegistry) List(_ context.Context, topicName string) (Sync, error) {
+	if topicName == "" {
+		return Sync{}, ErrNoID
+	}
+	now := r.cfg.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sweepLocked(now)
+	t := r.topics[topicName]
+	if t == nil {
+		return Sync{Topic: topicName, Members: []Member{}}, nil
+	}
+	return syncLocked(t, nil), nil
+}
+
 // Flush implements [Registry.Flush]. It costs O(members changed since the
 // last Diff) plus O(topics with pending changes), and allocates only the
 // Diffs it returns.
@@ -441,17 +458,17 @@ func (r *MemoryRegistry) flushTopicLocked(t *topic, now time.Time) (Diff, bool) 
 
 // syncLocked returns t's listed members as observers have them (the
 // present ones, and the visible ones whose leave is not reported yet:
-// within the grace), and self. It costs one pass over the listed members,
+// within the grace), and self unless self is nil (a List). It costs one pass over the listed members,
 // which t keeps sorted. A member it lists before observers were told of
-// its join is marked synced: the joiner has it, so its leave must be
-// reported even if it never becomes visible. A visible member it lists
+// its join is marked synced: the joiner (or the caller of List) has it,
+// so its leave must be reported even if it never becomes visible. A visible member it lists
 // while its leave is pending is what observers have too: if it comes back
 // within the grace nobody is told anything, the joiner included, and if
 // it does not, its leave reaches the joiner with everyone's.
 func syncLocked(t *topic, self *member) Sync {
 	ms := make([]Member, 0, t.listed+1)
 	pending := 0
-	addSelf := !self.listed
+	addSelf := self != nil && !self.listed
 	for _, mem := range t.sorted {
 		if addSelf && self.state.ID < mem.state.ID {
 			ms = append(ms, self.state)

@@ -56,6 +56,7 @@ func Run(t *testing.T, newRegistry func(t *testing.T, cfg presence.Config) prese
 		{"JoinSync", testJoinSync},
 		{"Update", testUpdate},
 		{"Leave", testLeave},
+		{"List", testList},
 		{"RejoinWithinGrace", testRejoinWithinGrace},
 		{"LastWriteWins", testLastWriteWins},
 		{"Clamp", testClamp},
@@ -403,6 +404,42 @@ func testLeave(e *env) {
 	m = e.mark()
 	e.run(e.cfg.LeaveGrace + 2*e.cfg.Window)
 	e.wantDiffs(m, "room")
+}
+
+// testList: List gives an observer what a joiner's sync lists, without a
+// joiner, and the observer then has every member it listed: one whose
+// join was not reported yet has its leave reported. An empty topic is an
+// empty list; an empty topic name is refused.
+func testList(e *env) {
+	ctx := e.t.Context()
+	s, err := e.reg.List(ctx, e.topic("room"))
+	if err != nil || s.Topic != e.topic("room") || s.Members == nil || len(s.Members) != 0 || s.Total != 0 {
+		e.t.Fatalf("List of an empty topic = %s %#v total %d, %v; want an empty list", s.Topic, s.Members, s.Total, err)
+	}
+	if _, err := e.reg.List(ctx, ""); !errors.Is(err, presence.ErrNoID) {
+		e.t.Errorf("List(\"\") = %v, want ErrNoID", err)
+	}
+
+	a := e.member("a", `{"n":1}`, e.ms(0))
+	e.join("room", "h1", a)
+	e.run(e.cfg.Window)
+	e.join("room", "h2", e.member("b", ``, e.ms(0))) // not reported yet
+	s, err = e.reg.List(ctx, e.topic("room"))
+	if err != nil || ids(s.Members) != "a,b" || s.Total != 2 {
+		e.t.Fatalf("List = %q total %d, %v; want a,b 2", ids(s.Members), s.Total, err)
+	}
+	wantMember(e.t, "listed a", s.Members[0], a)
+
+	// b leaves before its join was reported: the observer listed it, so
+	// its leave is reported after the grace (without the List the join
+	// and leave would cancel), and Total counts it until then.
+	m := e.mark()
+	e.leave("room", "h2")
+	e.run(e.cfg.LeaveGrace + 2*e.cfg.Window)
+	e.wantDiffs(m, "room", "|||2", "||b|1")
+	if s, err = e.reg.List(ctx, e.topic("room")); err != nil || ids(s.Members) != "a" || s.Total != 1 {
+		e.t.Fatalf("List after b's leave = %q total %d, %v; want a 1", ids(s.Members), s.Total, err)
+	}
 }
 
 // testRejoinWithinGrace: a member that leaves and comes back within the
