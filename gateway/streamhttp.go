@@ -327,21 +327,28 @@ func checkRecordActors(ct string, records [][]byte, id *auth.Identity) *requestE
 	return nil
 }
 
-// checkProducerActor refuses, for a request that came with a token (id
-// not nil), a Producer-Id of the form a WebSocket client's producer has
-// in a persisted topic's log, "<length of sub>:<sub>:<clientId>"
-// (producerName), that names another sub than the token's. That name
-// is what keeps another actor who learns a client's id from fencing it
-// with a higher epoch or taking up its seqs (whose publishes would then
-// be acked as retries and not written); over HTTP the Producer-Id is the
-// client's to choose, so the same rule is kept here.
-func checkProducerActor(p *storage.Producer, id *auth.Identity) *requestError {
+// scopeProducer names p within the token's sub, for a request that came
+// with a token (id not nil), as a WebSocket client's producer is named in
+// a persisted topic's log: "<length of sub>:<sub>:<Producer-Id>"
+// (producerName). That is what keeps another actor who learns a
+// producer's id from fencing it with a higher epoch or taking up its
+// seqs (whose appends would then be answered as retries and not
+// written). A Producer-Id already of that form must name the token's sub
+// (else 403) and is kept as it is, so a backend may continue its own
+// sub's WebSocket client's producer; every other one is scoped, so the
+// same Producer-Id sent with two subs' tokens names two producers.
+// Without token keys there are no subs, and names are used as sent.
+func scopeProducer(p *storage.Producer, id *auth.Identity) *requestError {
 	if p == nil || id == nil {
 		return nil
 	}
-	if sub, ok := producerSub(p.ID); ok && sub != id.ActorID {
+	sub, ok := producerSub(p.ID)
+	switch {
+	case !ok:
+		p.ID = producerName(&id.ActorID, p.ID)
+	case sub != id.ActorID:
 		return &requestError{http.StatusForbidden, fmt.Sprintf(
-			"Producer-Id %.80q is a WebSocket client's producer of another sub (<length of sub>:<sub>:<clientId>): a token may use only its own sub's, or names of another form", p.ID)}
+			"Producer-Id %.80q names a producer of another sub (<length of sub>:<sub>:<id>): a token may use only its own sub's, or names of another form", p.ID)}
 	}
 	return nil
 }

@@ -663,6 +663,41 @@ func TestStreamHTTP_ProducerIDOfAnotherActor(t *testing.T) {
 	}
 }
 
+// TestStreamHTTP_ProducerIDIsPerSub: with token keys, a Producer-Id of
+// any other form names a producer within the token's sub, so two subs
+// that send the same one are two producers: neither fences the other with
+// a higher epoch, nor takes up its seqs so that its appends are answered
+// as retries and never written. Within its own sub the id is the same
+// producer as "<length of sub>:<sub>:<id>".
+func TestStreamHTTP_ProducerIDIsPerSub(t *testing.T) {
+	t.Parallel()
+	v, err := auth.New(auth.Config{Secret: testSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStreamServer(t, gateway.Config{Verifier: v})
+	token := func(sub string) string {
+		return sign(t, jwt.SigningMethodHS256, testSecret, auth.Claims{
+			RegisteredClaims: jwt.RegisteredClaims{Subject: sub, ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))},
+			Topics:           auth.TopicClaims{Subscribe: []string{"*"}, Publish: []string{"*"}, Manage: []string{"*"}}})
+	}
+	post := func(sub, pid, epoch, seq, body string) reply {
+		return s.do(t, "POST", "/v1/stream/jobs", hdr("Authorization", "Bearer "+token(sub), "Content-Type", "application/json",
+			"Producer-Id", pid, "Producer-Epoch", epoch, "Producer-Seq", seq), body)
+	}
+	s.do(t, "PUT", "/v1/stream/jobs", hdr("Authorization", "Bearer "+token("alice"), "Content-Type", "application/json"), "").want(t, 201)
+	post("alice", "ingest", "0", "0", `"a0"`).want(t, 200)
+	post("mallory", "ingest", "1", "0", `"m0"`).want(t, 200) // her own: alice's epoch 0 stands
+	post("mallory", "ingest", "1", "1", `"m1"`).want(t, 200) // and her seq 1 is not alice's
+	post("alice", "ingest", "0", "1", `"a1"`).want(t, 200)
+	post("alice", "5:alice:ingest", "0", "2", `"a2"`).want(t, 200)
+	post("alice", "ingest", "0", "2", `"a2"`).want(t, 204) // the same producer: a retry
+	r := s.do(t, "GET", "/v1/stream/jobs?offset=-1", hdr("Authorization", "Bearer "+token("alice")), "").want(t, 200)
+	if r.body != `["a0","m0","m1","a1","a2"]` {
+		t.Fatalf("log = %s", r.body)
+	}
+}
+
 // TestStreamHTTP_IdentityWithoutExpiry: a custom TokenVerifier may return
 // an identity with no Expires, which a WebSocket session takes as never
 // expiring; a live read takes it the same way, rather than as a token

@@ -266,7 +266,7 @@ func (s *Server) serveAppend(w http.ResponseWriter, r *http.Request, name string
 		s.fail(w, r, err)
 		return
 	}
-	if err := checkProducerActor(req.Producer, id); err != nil {
+	if err := scopeProducer(req.Producer, id); err != nil {
 		s.fail(w, r, err)
 		return
 	}
