@@ -469,9 +469,23 @@ var settings = []setting{
 		func(c *config, v string) error { return c.LogLevel.UnmarshalText([]byte(v)) }},
 }
 
+// serveUsage heads the usage of `syncgate serve`, above its flags.
+const serveUsage = `usage: syncgate [serve] [flags]   run the gateway
+       syncgate version           print the version
+       syncgate bench <command>   load-test a running gateway (syncgate bench -h)
+
+Every flag but -config is also an environment variable and a key of the
+-config YAML file; a flag beats the environment, which beats the file.
+
+Flags:
+`
+
 // parseConfig builds the config from, in rising precedence: defaults, the
-// YAML file named by -config / SYNCGATE_CONFIG, environment, flags.
-func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
+// YAML file named by -config / SYNCGATE_CONFIG, environment, flags. The
+// flag package writes its usage and complaints to flagOut; the error is
+// flag.ErrHelp if the usage was asked for (-h, -help, --help), errUsage
+// for a bad flag.
+func parseConfig(args []string, getenv func(string) string, flagOut io.Writer) (*config, error) {
 	c := &config{}
 	for _, s := range settings {
 		if err := s.set(c, s.def); err != nil {
@@ -480,7 +494,11 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	}
 	c.leaveGraceSet = false
 	fs := flag.NewFlagSet("syncgate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(flagOut)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), serveUsage)
+		fs.PrintDefaults()
+	}
 	var flagged []func() error
 	configPath := getenv("SYNCGATE_CONFIG")
 	fs.Func("config", "optional YAML config file with the same keys as these flags (env: SYNCGATE_CONFIG)", func(v string) error {
@@ -505,6 +523,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 		}
 	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
 		return nil, errUsage // the flag package has printed why
 	}
 	if fs.NArg() > 0 {

@@ -9,8 +9,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -57,7 +59,35 @@ func signalContext() (context.Context, context.CancelFunc) {
 // errUsage means the usage text was already printed.
 var errUsage = errors.New("usage")
 
+// flagOutput holds what a flag set writes while it parses until the
+// outcome says where it belongs (flush).
+type flagOutput struct{ buf bytes.Buffer }
+
+func (o *flagOutput) Write(p []byte) (int, error) { return o.buf.Write(p) }
+
+// flush writes what the flag set wrote: the usage asked for with -h,
+// -help or --help (err is flag.ErrHelp) to stdout, anything else (a bad
+// flag's complaint and the usage after it) to stderr.
+func (o *flagOutput) flush(err error, stdout, stderr io.Writer) {
+	w := stderr
+	if errors.Is(err, flag.ErrHelp) {
+		w = stdout
+	}
+	_, _ = o.buf.WriteTo(w)
+}
+
+// run runs the command line args. A usage asked for (-h, -help, --help)
+// is printed to stdout and is no error, as with the flag package's own
+// ExitOnError: exit 0.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	err := runCommand(ctx, args, getenv, stdout, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	return err
+}
+
+func runCommand(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	cmd := "serve"
 	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
 		cmd, args = args[0], args[1:]

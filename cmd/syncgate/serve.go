@@ -29,7 +29,9 @@ import (
 // left, bounded by shutdown-timeout), HTTP server, and the deferred close
 // of the stream log, which flushes it. A drained node returns nil: exit 0.
 func serve(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	cfg, err := parseConfig(args, getenv, stderr)
+	var flagOut flagOutput
+	cfg, err := parseConfig(args, getenv, &flagOut)
+	flagOut.flush(err, stdout, stderr)
 	if err != nil {
 		return err
 	}

@@ -294,6 +294,26 @@ func TestRun_BadConfigFails(t *testing.T) {
 	}
 }
 
+// TestRun_Help: -h and --help, before a command or after serve, print the
+// usage to stdout and end run without an error (exit 0), as the flag
+// package's own ExitOnError does; a flag that does not exist is still a
+// usage error, said on stderr with nothing on stdout.
+func TestRun_Help(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"-h"}, {"--help"}, {"-help"}, {"serve", "-h"}, {"serve", "--help"}} {
+		var out, errOut bytes.Buffer
+		err := run(t.Context(), args, env(nil), &out, &errOut)
+		if err != nil || !strings.Contains(out.String(), "usage: syncgate") || !strings.Contains(out.String(), "-addr") || errOut.Len() != 0 {
+			t.Errorf("%q: err %v, stdout %.80q, stderr %.80q; want no error and the usage with the flags on stdout alone", args, err, out.String(), errOut.String())
+		}
+	}
+	var out, errOut bytes.Buffer
+	err := run(t.Context(), []string{"-bogus"}, env(nil), &out, &errOut)
+	if !errors.Is(err, errUsage) || !strings.Contains(errOut.String(), "-bogus") || out.Len() != 0 {
+		t.Errorf("-bogus: err %v, stdout %.80q, stderr %.80q; want errUsage and the complaint on stderr alone", err, out.String(), errOut.String())
+	}
+}
+
 // TestNewHTTPServer_Bounds: the node's http.Server closes idle keep-alive
 // connections and bounds request headers at max-token plus 56 KiB: a
 // larger header block gets 431, one with a max-size token passes. Its
