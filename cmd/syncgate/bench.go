@@ -108,8 +108,8 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "floor":
 		return benchFloor(ctx, args, stdout, stderr)
 	case "help", "-h", "-help", "--help":
-		fmt.Fprint(stderr, benchUsage)
-		return errUsage
+		fmt.Fprint(stdout, benchUsage)
+		return flag.ErrHelp // asked for: exit 0
 	default:
 		fmt.Fprintf(stderr, "syncgate bench: unknown command %q\n\n%s", cmd, benchUsage)
 		return errUsage
@@ -142,19 +142,28 @@ func (b *benchFlags) register(fs *flag.FlagSet) {
 
 // newFlagSet returns a flag set for command name whose usage starts with
 // synopsis.
-func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
+func newFlagSet(name, synopsis string) *flag.FlagSet {
 	fs := flag.NewFlagSet("syncgate bench "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: syncgate bench %s %s\n\nFlags:\n", name, synopsis)
+		fmt.Fprintf(fs.Output(), "usage: syncgate bench %s %s\n\nFlags:\n", name, synopsis)
 		fs.PrintDefaults()
 	}
 	return fs
 }
 
-// parseFlags parses args into fs and refuses positional arguments.
-func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
+// parseFlags parses args into fs and refuses positional arguments. The
+// usage asked for (-h, -help, --help) goes to stdout with flag.ErrHelp,
+// which run takes for success; a bad flag's complaint goes to stderr with
+// errUsage.
+func parseFlags(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) error {
+	var out flagOutput
+	fs.SetOutput(&out)
+	err := fs.Parse(args)
+	out.flush(err, stdout, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	if err != nil {
 		return errUsage // the flag package has printed why
 	}
 	if fs.NArg() > 0 {

@@ -54,7 +54,7 @@ type appendPhase struct {
 
 func benchAppend(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var f appendFlags
-	fs := newFlagSet("append", appendSynopsis, stderr)
+	fs := newFlagSet("append", appendSynopsis)
 	fs.StringVar(&f.phases, "phases", "seq,tx1,group,http,read", "phases to run, in order: seq (1 producer), tx1 (one transaction per append, -producers), "+
 		"group (group commit, -producers), http (Durable Streams POSTs, -http-producers), read (HTTP catch-up of -read-records)")
 	fs.DurationVar(&f.dur, "dur", 3*time.Second, "length of each timed phase")
@@ -64,7 +64,7 @@ func benchAppend(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.IntVar(&f.readRecords, "read-records", 1000000, "records the read phase catches up on")
 	fs.StringVar(&f.dir, "dir", "", "data directory, without an earlier run's logs (default: a new temporary directory, removed afterwards)")
 	fs.DurationVar(&f.timeout, "timeout", 5*time.Minute, "hard bound on the whole run")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(fs, args, stdout, stderr); err != nil {
 		return err
 	}
 	if f.dur <= 0 || f.producers <= 0 || f.httpProducers <= 0 || f.size <= 0 || f.readRecords <= 0 {

@@ -44,11 +44,11 @@ func benchConnect(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		n    int
 		hold time.Duration
 	)
-	fs := newFlagSet("connect", "-n N [-hold 2s] [flags]", stderr)
+	fs := newFlagSet("connect", "-n N [-hold 2s] [flags]")
 	b.register(fs)
 	fs.IntVar(&n, "n", 1000, "sessions to open")
 	fs.DurationVar(&hold, "hold", 2*time.Second, "how long to hold them idle before scraping the server's memory")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(fs, args, stdout, stderr); err != nil {
 		return err
 	}
 	switch {

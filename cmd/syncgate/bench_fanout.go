@@ -48,12 +48,12 @@ func benchFanout(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		subs  int
 		topic string
 	)
-	fs := newFlagSet("fanout", "-subs N -rate R -dur T [-size B] [flags]", stderr)
+	fs := newFlagSet("fanout", "-subs N -rate R -dur T [-size B] [flags]")
 	b.register(fs)
 	l.register(fs)
 	fs.IntVar(&subs, "subs", 100, "subscriber sessions, all on -topic")
 	fs.StringVar(&topic, "topic", "bench:fanout", "topic to publish to")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(fs, args, stdout, stderr); err != nil {
 		return err
 	}
 	if subs < 1 {

@@ -145,9 +145,9 @@ type floorResult struct {
 
 func benchFloor(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var f floorFlags
-	fs := newFlagSet("floor", floorSynopsis, stderr)
+	fs := newFlagSet("floor", floorSynopsis)
 	f.register(fs)
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(fs, args, stdout, stderr); err != nil {
 		return err
 	}
 	if err := f.validate(); err != nil {

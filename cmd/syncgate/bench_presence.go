@@ -88,7 +88,7 @@ func benchPresence(ctx context.Context, args []string, stdout, stderr io.Writer)
 		b benchFlags
 		p presenceFlags
 	)
-	fs := newFlagSet("presence", "-members N -observers N -dur T [-rate R] [flags]", stderr)
+	fs := newFlagSet("presence", "-members N -observers N -dur T [-rate R] [flags]")
 	b.register(fs)
 	fs.IntVar(&p.members, "members", 1000, "sessions that join the topic's presence and update their meta")
 	fs.IntVar(&p.observers, "observers", 1000, "sessions that only subscribe to the topic")
@@ -99,7 +99,7 @@ func benchPresence(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.DurationVar(&p.wait, "wait", 5*time.Second, "after the joins and after the window, how long to wait for acks and presence frames")
 	fs.IntVar(&p.metaSize, "meta-size", 64, fmt.Sprintf("bytes of each member's meta (send times + padding; at least %d, at most %d)", minPresenceMeta, maxPresenceMeta))
 	fs.StringVar(&p.topic, "topic", "bench:presence", "the topic")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(fs, args, stdout, stderr); err != nil {
 		return err
 	}
 	switch {

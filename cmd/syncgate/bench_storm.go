@@ -102,7 +102,7 @@ type stormFinal struct {
 }
 
 func benchStorm(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("storm", stormSynopsis, stderr)
+	fs := newFlagSet("storm", stormSynopsis)
 	var b benchFlags
 	fs.IntVar(&b.dialConcurrency, "dial-concurrency", 200, "sessions dialled (or closed) at once")
 	fs.DurationVar(&b.dialTimeout, "dial-timeout", 30*time.Second, "bound on one session's first dial + hello + subscribe")
@@ -117,7 +117,7 @@ func benchStorm(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	dur := fs.Duration("dur", time.Second, "how long the publisher runs on A before A goes away")
 	bRate := fs.String("accept-rate", "off", "node B's accept budget (per second, or off): off measures the clients' own wave")
 	profB := fs.String("profile-b", "", "write a CPU profile of node B over the wave (spread + 2s) to this file (.plan/.close-all added with -mode both)")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(fs, args, stdout, stderr); err != nil {
 		return err
 	}
 	modes := []string{*mode}

@@ -317,6 +317,19 @@ func TestBench_Usage(t *testing.T) {
 	}
 }
 
+// TestBench_Help: the usage of bench and of each bench command, asked
+// for, goes to stdout and is no error (exit 0), as syncgate -h.
+func TestBench_Help(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"-h"}, {"--help"}, {"help"}, {"fanout", "-h"}, {"connect", "--help"}} {
+		var out, errOut bytes.Buffer
+		err := run(t.Context(), append([]string{"bench"}, args...), env(nil), &out, &errOut)
+		if err != nil || !strings.Contains(out.String(), "usage: syncgate bench") || errOut.Len() != 0 {
+			t.Errorf("bench %q: err %v, stdout %.80q, stderr %.80q; want no error and the usage on stdout alone", args, err, out.String(), errOut.String())
+		}
+	}
+}
+
 func Test_loopbackOnly(t *testing.T) {
 	t.Parallel()
 	for addr, ok := range map[string]bool{

@@ -54,13 +54,13 @@ func benchTopics(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		n      int
 		prefix string
 	)
-	fs := newFlagSet("topics", "-n N -rate R -dur T [-size B] [flags]", stderr)
+	fs := newFlagSet("topics", "-n N -rate R -dur T [-size B] [flags]")
 	b.register(fs)
 	l.register(fs)
 	fl.register(fs)
 	fs.IntVar(&n, "n", 100, "topics, each with one subscriber session")
 	fs.StringVar(&prefix, "topic-prefix", "bench:topics", "topic i is <prefix>:<i>")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(fs, args, stdout, stderr); err != nil {
 		return err
 	}
 	if n < 1 {
