@@ -151,27 +151,6 @@ func newFlagSet(name, synopsis string) *flag.FlagSet {
 	return fs
 }
 
-// parseFlags parses args into fs and refuses positional arguments. The
-// usage asked for (-h, -help, --help) goes to stdout with flag.ErrHelp,
-// which run takes for success; a bad flag's complaint goes to stderr with
-// errUsage.
-func parseFlags(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) error {
-	var out flagOutput
-	fs.SetOutput(&out)
-	err := fs.Parse(args)
-	out.flush(err, stdout, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return err
-	}
-	if err != nil {
-		return errUsage // the flag package has printed why
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("bench: unexpected argument %q", fs.Arg(0))
-	}
-	return nil
-}
-
 // benchEnv is what a bench command connects with, built by setup from the
 // common flags. close releases its idle HTTP connections.
 type benchEnv struct {

@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"syscall"
 )
 
@@ -76,6 +77,27 @@ func (o *flagOutput) flush(err error, stdout, stderr io.Writer) {
 	_, _ = o.buf.WriteTo(w)
 }
 
+// parseFlags parses args into fs and refuses positional arguments. The
+// usage asked for (-h, -help, --help) goes to stdout with flag.ErrHelp,
+// which run takes for success; a bad flag's complaint goes to stderr with
+// errUsage.
+func parseFlags(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) error {
+	var out flagOutput
+	fs.SetOutput(&out)
+	err := fs.Parse(args)
+	out.flush(err, stdout, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	if err != nil {
+		return errUsage // the flag package has printed why
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%s: unexpected argument %q", strings.TrimPrefix(fs.Name(), "syncgate "), fs.Arg(0))
+	}
+	return nil
+}
+
 // run runs the command line args. A usage asked for (-h, -help, --help)
 // is printed to stdout and is no error, as with the flag package's own
 // ExitOnError: exit 0.
@@ -96,6 +118,11 @@ func runCommand(ctx context.Context, args []string, getenv func(string) string, 
 	case "serve":
 		return serve(ctx, args, getenv, stdout, stderr)
 	case "version":
+		fs := flag.NewFlagSet("syncgate version", flag.ContinueOnError)
+		fs.Usage = func() { fmt.Fprintln(fs.Output(), "usage: syncgate version   print the version (no arguments)") }
+		if err := parseFlags(fs, args, stdout, stderr); err != nil {
+			return err
+		}
 		fmt.Fprintln(stdout, "syncgate", versionString())
 		return nil
 	case "bench":

@@ -283,6 +283,25 @@ func TestRun_Version(t *testing.T) {
 	}
 }
 
+// TestRun_VersionRefusesArguments: version takes no arguments; one it
+// would ignore is a usage error, and the version is not printed. Its -h
+// is the usage asked for (stdout, no error).
+func TestRun_VersionRefusesArguments(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"version", "extra"}, {"version", "-short"}, {"version", "--", "x"}} {
+		var out, errOut bytes.Buffer
+		err := run(t.Context(), args, env(nil), &out, &errOut)
+		if err == nil || out.Len() != 0 || (args[1] == "extra" && !strings.Contains(err.Error(), `"extra"`)) {
+			t.Errorf("%q: err %v, stdout %q; want a usage error (naming a stray argument) and no version", args, err, out.String())
+		}
+	}
+	var out, errOut bytes.Buffer
+	err := run(t.Context(), []string{"version", "-h"}, env(nil), &out, &errOut)
+	if err != nil || !strings.Contains(out.String(), "usage: syncgate version") || errOut.Len() != 0 {
+		t.Errorf("version -h: err %v, stdout %q, stderr %q; want the usage on stdout alone", err, out.String(), errOut.String())
+	}
+}
+
 func TestRun_BadConfigFails(t *testing.T) {
 	err := run(context.Background(), []string{"-addr", ""}, env(nil), io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "addr") {
