@@ -313,10 +313,15 @@ var settings = []setting{
 			_, err := auth.NewOriginPolicy(c.Gateway.AllowedOrigins)
 			return err
 		}},
-	{"jwt-secret", "SYNCGATE_JWT_SECRET", "", "HS256 shared secret (at least 32 bytes) that verifies hello tokens; never logged. Prefer the environment to the flag",
+	{"jwt-secret", "SYNCGATE_JWT_SECRET", "", "HS256 shared secret (at least 32 bytes, no leading or trailing whitespace) that verifies hello tokens; never logged. Prefer the environment to the flag",
 		func(c *config, v string) error {
 			if v != "" && len(v) < 32 {
 				return fmt.Errorf("want at least 32 bytes (e.g. openssl rand -hex 32), got %d", len(v))
+			}
+			if strings.TrimSpace(v) != v {
+				// The issuer signs with the secret it was given; one read
+				// with a newline would verify none of its tokens.
+				return fmt.Errorf("the secret starts or ends with whitespace (a newline from a file?): remove it")
 			}
 			c.JWTSecret = secret(v)
 			return nil

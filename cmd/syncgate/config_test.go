@@ -305,6 +305,8 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"max frame huge", nil, map[string]string{"SYNCGATE_MAX_FRAME": "9000000000000000000"}, "SYNCGATE_MAX_FRAME"},
 		{"max append over 1 GiB", []string{"-max-append", "1073741825"}, nil, "-max-append"},
 		{"admin token with a newline", nil, map[string]string{"SYNCGATE_ADMIN_TOKEN": "0123456789abcdef0123\n"}, "SYNCGATE_ADMIN_TOKEN"},
+		{"jwt secret with a newline", nil, map[string]string{"SYNCGATE_JWT_SECRET": testJWTSecret + "\n"}, "SYNCGATE_JWT_SECRET"},
+		{"jwt secret with a leading space", []string{"-jwt-secret", " " + testJWTSecret}, nil, "-jwt-secret"},
 		{"bad token rate zero", []string{"-bad-token-rate", "0"}, nil, "-bad-token-rate"},
 		{"bad token burst zero", nil, map[string]string{"SYNCGATE_BAD_TOKEN_BURST": "0"}, "SYNCGATE_BAD_TOKEN_BURST"},
 		{"overload delay word", nil, map[string]string{"SYNCGATE_OVERLOAD_WRITE_DELAY": "long"}, "SYNCGATE_OVERLOAD_WRITE_DELAY"},
