@@ -735,8 +735,10 @@ func (c *config) validate() error {
 		// Before the loopback check, which would call it not loopback.
 		return fmt.Errorf("addr (SYNCGATE_ADDR) %q: want host:port, e.g. 127.0.0.1:8080: %w", c.Addr, err)
 	}
-	if c.DataDir == "" {
-		return errors.New("data-dir (SYNCGATE_DATA_DIR) must not be empty")
+	if strings.TrimSpace(c.DataDir) == "" {
+		// Blanks alone are no directory anyone means: the log would
+		// land in a directory named "   " under the working directory.
+		return fmt.Errorf("data-dir (SYNCGATE_DATA_DIR) must not be empty or blank, got %q", c.DataDir)
 	}
 	if (c.TLSCert == "") != (c.TLSKey == "") {
 		return errors.New("tls-cert (SYNCGATE_TLS_CERT) and tls-key (SYNCGATE_TLS_KEY) go together")

@@ -306,6 +306,8 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"max append over 1 GiB", []string{"-max-append", "1073741825"}, nil, "-max-append"},
 		{"admin token with a newline", nil, map[string]string{"SYNCGATE_ADMIN_TOKEN": "0123456789abcdef0123\n"}, "SYNCGATE_ADMIN_TOKEN"},
 		{"jwt secret with a newline", nil, map[string]string{"SYNCGATE_JWT_SECRET": testJWTSecret + "\n"}, "SYNCGATE_JWT_SECRET"},
+		{"blank data dir", []string{"-data-dir", "   "}, nil, "data-dir (SYNCGATE_DATA_DIR)"},
+		{"blank data dir in env", nil, map[string]string{"SYNCGATE_DATA_DIR": " \t"}, "data-dir (SYNCGATE_DATA_DIR)"},
 		{"jwt secret with a leading space", []string{"-jwt-secret", " " + testJWTSecret}, nil, "-jwt-secret"},
 		{"bad token rate zero", []string{"-bad-token-rate", "0"}, nil, "-bad-token-rate"},
 		{"bad token burst zero", nil, map[string]string{"SYNCGATE_BAD_TOKEN_BURST": "0"}, "SYNCGATE_BAD_TOKEN_BURST"},
