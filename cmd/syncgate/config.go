@@ -470,8 +470,24 @@ var settings = []setting{
 			c.LogFormat = v
 			return nil
 		}},
-	{"log-level", "SYNCGATE_LOG_LEVEL", "info", "log level: debug, info, warn or error",
-		func(c *config, v string) error { return c.LogLevel.UnmarshalText([]byte(v)) }},
+	{"log-level", "SYNCGATE_LOG_LEVEL", "info", "log level: debug, info, warn or error (any case)",
+		func(c *config, v string) error {
+			// Not slog.Level's UnmarshalText, which takes offsets
+			// (info+100, debug-4) that only a typo would give here.
+			switch strings.ToLower(v) {
+			case "debug":
+				c.LogLevel = slog.LevelDebug
+			case "info":
+				c.LogLevel = slog.LevelInfo
+			case "warn":
+				c.LogLevel = slog.LevelWarn
+			case "error":
+				c.LogLevel = slog.LevelError
+			default:
+				return fmt.Errorf("want debug, info, warn or error, got %q", v)
+			}
+			return nil
+		}},
 }
 
 // serveUsage heads the usage of `syncgate serve`, above its flags.

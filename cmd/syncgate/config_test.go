@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -262,6 +263,30 @@ func TestParseConfig_YAMLMergeListOrder(t *testing.T) {
 	if g := c.Gateway; g.MaxSessions != 1000 || g.MaxSubscriptions != 9 || g.MaxFrameBytes != 4096 {
 		t.Errorf("max-sessions %d, max-subscriptions %d, max-frame %d; want 1000 (the first merged mapping), 9 (own), 4096 (the second)",
 			g.MaxSessions, g.MaxSubscriptions, g.MaxFrameBytes)
+	}
+}
+
+// TestParseConfig_LogLevel: log-level is one of debug, info, warn and
+// error, in any case; slog's other forms (an offset such as info+100 or
+// debug-4, a bare number) are refused with an error naming the setting
+// and the levels it takes.
+func TestParseConfig_LogLevel(t *testing.T) {
+	t.Parallel()
+	for v, want := range map[string]slog.Level{"debug": slog.LevelDebug, "INFO": slog.LevelInfo, "Warn": slog.LevelWarn, "error": slog.LevelError} {
+		c, err := parseConfig([]string{"-log-level", v}, env(nil), io.Discard)
+		if err != nil || c.LogLevel != want {
+			t.Errorf("-log-level %s: %v, want level %v", v, err, want)
+		}
+	}
+	for _, v := range []string{"info+100", "debug-4", "ERROR+4", "0", "warning", "trace"} {
+		c, err := parseConfig(nil, env(map[string]string{"SYNCGATE_LOG_LEVEL": v}), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "SYNCGATE_LOG_LEVEL") || !strings.Contains(err.Error(), "debug, info, warn or error") {
+			var got slog.Level
+			if c != nil {
+				got = c.LogLevel
+			}
+			t.Errorf("SYNCGATE_LOG_LEVEL=%s: err %v (level %v); want an error naming the setting and the levels it takes", v, err, got)
+		}
 	}
 }
 
