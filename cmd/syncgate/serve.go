@@ -27,7 +27,8 @@ import (
 // at once, every session is told its reconnect slot and closed with 1012
 // in it; bounded by drain-spread + drain-grace), gateway Shutdown (what is
 // left, bounded by shutdown-timeout), HTTP server, and the deferred close
-// of the stream log, which flushes it. A drained node returns nil: exit 0.
+// of the stream log, which flushes it. A drained node returns nil: exit 0,
+// as does one whose ctx ends before it listens (it binds nothing).
 func serve(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	var flagOut flagOutput
 	cfg, err := parseConfig(args, getenv, &flagOut)
@@ -66,6 +67,13 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 	hs := newHTTPServer(cfg, gw.Handler(), log)
 	hs.TLSConfig = tlsConfig
+	if ctx.Err() != nil {
+		// A signal during start-up: there is nothing to drain, and no
+		// one is to be told the node listens, or to reach it.
+		_ = gw.Shutdown(context.Background())
+		log.Info("signal received during start-up: stopped before binding addr")
+		return nil
+	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		_ = gw.Shutdown(context.Background())

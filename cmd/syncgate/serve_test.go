@@ -302,6 +302,28 @@ func TestRun_VersionRefusesArguments(t *testing.T) {
 	}
 }
 
+// TestRun_CancelledBeforeListening: a signal during start-up (ctx ended
+// before the listener is bound) stops the node cleanly, without binding
+// its address or saying it listens: run returns nil with no "listening"
+// line, and an address already taken is not even tried.
+func TestRun_CancelledBeforeListening(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	for _, addr := range []string{"127.0.0.1:0", taken.Addr().String()} {
+		var out, logs bytes.Buffer
+		err := run(ctx, []string{"-addr", addr, "-data-dir", t.TempDir(), "-drain-spread", "0s"}, env(nil), &out, &logs)
+		if err != nil || strings.Contains(out.String(), "listening") || strings.Contains(logs.String(), "syncgate listening") {
+			t.Errorf("-addr %s: err %v, stdout %q, logs %q; want nil and no listening line", addr, err, out.String(), logs.String())
+		}
+	}
+}
+
 func TestRun_BadConfigFails(t *testing.T) {
 	err := run(context.Background(), []string{"-addr", ""}, env(nil), io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "addr") {
