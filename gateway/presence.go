@@ -26,8 +26,9 @@ import (
 // once; every subscriber is handed the same bytes.
 //
 // Ordering (docs/presence.md, "What the gateway must do" 6): a joiner's
-// Sync must not be overtaken by a Diff computed before it. Join and the
-// queueing of its ack and Sync, and Flush and the queueing of its frames,
+// Sync (or a requested one) must not be overtaken by a Diff computed
+// before it. Join (or List) and the queueing of its ack and Sync, and
+// Flush and the queueing of its frames,
 // all run under mu, so each session's queue sees them in the order the
 // registry produced them. Both are in-memory operations for the memory
 // registry (a 1,000-member Sync costs about 0.1 ms to take, more to encode).
@@ -311,13 +312,14 @@ func (p *presenceHub) closed(s *session) {
 	p.releaseLocked(s)
 }
 
-// presenceSyncRate is how many presence lists a session may be sent on
-// join a second, after a burst of one per subscription it may hold
-// (MaxSubscriptions). A list costs the node up to MaxListed members'
+// presenceSyncRate is how many presence lists a session may be sent a
+// second (on join or on its request), after a burst of one per
+// subscription it may hold (MaxSubscriptions). A list costs the node up to MaxListed members'
 // encoding under mu, against one small frame from the client.
 const presenceSyncRate = 2
 
-// errSyncRate refuses a join whose list the session's budget cannot pay.
+// errSyncRate refuses a join or request whose list the session's budget
+// cannot pay.
 var errSyncRate = errors.New("presence: over the session's rate of lists")
 
 // join joins s's member m to topic and queues the ack and the Sync. A
@@ -388,8 +390,9 @@ func (p *presenceHub) reserveListLocked(s *session, now time.Time) (*rate.Reserv
 // frame from the client): the ack, then the Sync, queued under mu like a
 // join's so no Diff computed before it overtakes it. It takes a list
 // from the session's budget, as a join that needs one does. The caller
-// has checked that s subscribes to topic: a subscriber gets the topic's
-// diffs whether or not it may join, so the list shows it nothing more.
+// has checked that s subscribes to topic: presence is readable by the
+// topic's subscribers (its diffs reach them whether or not they may
+// join), so the list needs no grant of its own (docs/security.md).
 func (p *presenceHub) list(ctx context.Context, s *session, topic, ref string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -398,7 +401,7 @@ func (p *presenceHub) list(ctx context.Context, s *session, topic, ref string) e
 	if err != nil {
 		return err
 	}
-	sn, err := p.reg.List(ctx, topic)
+	sn, err := p.reg.List(ctx, topic, s.id)
 	if err != nil {
 		list.CancelAt(now)
 		return err

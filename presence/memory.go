@@ -60,7 +60,7 @@ type member struct {
 	modified bool      // ActorID or Meta changed since last reported
 	dirty    bool      // in t.changed
 	gone     bool      // removed from t.members
-	synced   bool      // listed in another holder's sync before observers were told it joined: its leave is reported
+	synced   bool      // listed in another holder's sync (a Join's or a List's) before observers were told it joined: its leave is reported
 }
 
 // NewMemoryRegistry returns an empty registry, or an error if cfg has a
@@ -193,7 +193,7 @@ func (r *MemoryRegistry) LeaveAll(_ context.Context, holderID string) error {
 
 // List implements [Registry.List]. Like a Join's Sync it costs one pass
 // over the listed members.
-func (r *MemoryRegistry) List(_ context.Context, topicName string) (Sync, error) {
+func (r *MemoryRegistry) List(_ context.Context, topicName, holderID string) (Sync, error) {
 	if topicName == "" {
 		return Sync{}, ErrNoID
 	}
@@ -205,7 +205,11 @@ func (r *MemoryRegistry) List(_ context.Context, topicName string) (Sync, error)
 	if t == nil {
 		return Sync{Topic: topicName, Members: []Member{}}, nil
 	}
-	return syncLocked(t, nil), nil
+	var self *member
+	if h := r.holders[holderID]; h != nil {
+		self = h.held[topicName]
+	}
+	return syncLocked(t, self), nil
 }
 
 // Flush implements [Registry.Flush]. It costs O(members changed since the
@@ -458,7 +462,8 @@ func (r *MemoryRegistry) flushTopicLocked(t *topic, now time.Time) (Diff, bool) 
 
 // syncLocked returns t's listed members as observers have them (the
 // present ones, and the visible ones whose leave is not reported yet:
-// within the grace), and self unless self is nil (a List). It costs one pass over the listed members,
+// within the grace), and self unless self is nil (a List by a holder
+// that holds nothing in t). It costs one pass over the listed members,
 // which t keeps sorted. A member it lists before observers were told of
 // its join is marked synced: the joiner (or the caller of List) has it,
 // so its leave must be reported even if it never becomes visible. A visible member it lists

@@ -38,14 +38,15 @@ func Wins(a Member, ah string, b Member, bh string) bool {
 }
 
 // Sync is a topic's member list for one joiner, taken when it joined, or
-// for an observer that asked (List).
+// for a holder or observer that asked (List).
 type Sync struct {
 	Topic string
 	// Members are the listed members as observers have them, sorted by
 	// ID: the present ones and those whose leave is still within
 	// LeaveGrace (not reported yet), and the joiner itself even when it
-	// is not listed (then len(Members) may be MaxListed+1). A List has no
-	// joiner; its Members is empty, not nil, for a topic nobody is in.
+	// is not listed (then len(Members) may be MaxListed+1); a List's, the
+	// asking holder's member likewise. Members is empty, not nil, for a
+	// topic nobody is in.
 	Members []Member
 	// Total counts every present member, listed or not, and those
 	// listed whose leave is pending, as a Diff's Total does. Total minus
@@ -86,11 +87,12 @@ type Diff struct {
 //     not an error: it is dropped.
 //   - Refresh extends holder's TTL; ErrNotJoined if holder holds nothing
 //     (it left everything or already expired). Join and Update refresh too.
-//   - List returns topic's Sync for an observer that asked for it (a
-//     subscriber that has not joined, or one that wants its list again):
-//     what a joiner would get, without a joiner. Like a Join's Sync, a
-//     member it lists before observers were told of its join will have
-//     its leave reported. An empty topic is an empty list, not an error.
+//   - List returns topic's Sync for holder, which asked for it: what a
+//     Join would return, the member holder holds in topic included, and
+//     none when it holds none there (a subscriber that only watches; an
+//     empty holder is one). Like a Join's Sync, a member it lists before
+//     observers were told of its join will have its leave reported. An
+//     empty topic is an empty list, not an error.
 //   - Leave lets go of holder's member in topic; not holding one is not an
 //     error.
 //   - LeaveAll lets go of everything holder holds (session closed).
@@ -101,7 +103,7 @@ type Registry interface {
 	Join(ctx context.Context, topic, holder string, m Member) (Sync, error)
 	Update(ctx context.Context, topic, holder string, m Member) error
 	Refresh(ctx context.Context, holder string) error
-	List(ctx context.Context, topic string) (Sync, error)
+	List(ctx context.Context, topic, holder string) (Sync, error)
 	Leave(ctx context.Context, topic, holder string) error
 	LeaveAll(ctx context.Context, holder string) error
 	Flush(ctx context.Context) ([]Diff, error)

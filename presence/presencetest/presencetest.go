@@ -412,11 +412,11 @@ func testLeave(e *env) {
 // empty list; an empty topic name is refused.
 func testList(e *env) {
 	ctx := e.t.Context()
-	s, err := e.reg.List(ctx, e.topic("room"))
+	s, err := e.reg.List(ctx, e.topic("room"), e.holder("watcher"))
 	if err != nil || s.Topic != e.topic("room") || s.Members == nil || len(s.Members) != 0 || s.Total != 0 {
 		e.t.Fatalf("List of an empty topic = %s %#v total %d, %v; want an empty list", s.Topic, s.Members, s.Total, err)
 	}
-	if _, err := e.reg.List(ctx, ""); !errors.Is(err, presence.ErrNoID) {
+	if _, err := e.reg.List(ctx, "", e.holder("watcher")); !errors.Is(err, presence.ErrNoID) {
 		e.t.Errorf("List(\"\") = %v, want ErrNoID", err)
 	}
 
@@ -424,7 +424,7 @@ func testList(e *env) {
 	e.join("room", "h1", a)
 	e.run(e.cfg.Window)
 	e.join("room", "h2", e.member("b", ``, e.ms(0))) // not reported yet
-	s, err = e.reg.List(ctx, e.topic("room"))
+	s, err = e.reg.List(ctx, e.topic("room"), e.holder("watcher"))
 	if err != nil || ids(s.Members) != "a,b" || s.Total != 2 {
 		e.t.Fatalf("List = %q total %d, %v; want a,b 2", ids(s.Members), s.Total, err)
 	}
@@ -437,7 +437,7 @@ func testList(e *env) {
 	e.leave("room", "h2")
 	e.run(e.cfg.LeaveGrace + 2*e.cfg.Window)
 	e.wantDiffs(m, "room", "|||2", "||b|1")
-	if s, err = e.reg.List(ctx, e.topic("room")); err != nil || ids(s.Members) != "a" || s.Total != 1 {
+	if s, err = e.reg.List(ctx, e.topic("room"), e.holder("watcher")); err != nil || ids(s.Members) != "a" || s.Total != 1 {
 		e.t.Fatalf("List after b's leave = %q total %d, %v; want a 1", ids(s.Members), s.Total, err)
 	}
 }
@@ -793,6 +793,13 @@ func testListedLimit(e *env) {
 	m := e.mark()
 	e.run(e.cfg.Window)
 	e.wantDiffs(m, "room", "m1,m2,m3|||5")
+	// A List by an unlisted holder includes its member, as its Join's
+	// Sync did; one by a holder holding nothing there does not.
+	for _, tc := range []struct{ holder, want string }{{"h5", "m1,m2,m3,m5"}, {"h1", "m1,m2,m3"}, {"watcher", "m1,m2,m3"}} {
+		if s, err := e.reg.List(e.t.Context(), e.topic("room"), e.holder(tc.holder)); err != nil || ids(s.Members) != tc.want || s.Total != 5 {
+			e.t.Fatalf("List by %s = %q total %d, %v; want %s 5", tc.holder, ids(s.Members), s.Total, err, tc.want)
+		}
+	}
 
 	m = e.mark()
 	e.update("room", "h4", e.member("m4", `1`, e.ms(0))) // unlisted: not reported
