@@ -292,6 +292,14 @@ func TestAuth_ExpiryRefreshAndGrace(t *testing.T) {
 	if ack := gwtest.Expect[*frames.Ack](stale); ack.Error == nil || ack.Error.Code != frames.CodeTokenExpired || ack.Ref != "s2" {
 		t.Fatalf("subscribe in grace: %+v", ack)
 	}
+	// ...while reads go on: a presence list is answered, as diffs flow.
+	stale.Send(&frames.Presence{Topic: "room:1", Op: frames.PresenceSync, Members: []frames.Member{}})
+	if ack := gwtest.Expect[*frames.Ack](stale); ack.Error != nil || ack.Ref != "presence:room:1" {
+		t.Fatalf("presence list request in grace: %+v", ack)
+	}
+	if p := gwtest.Expect[*frames.Presence](stale); p.Op != frames.PresenceSync || len(p.Members) != 0 {
+		t.Fatalf("presence list in grace: %+v", p)
+	}
 	// A mutate's refusal is recorded under its seq, like any outcome: the
 	// fix says to send it again as a new mutate, not to resend it.
 	if ack := refreshed.Publish("k0", 0, "room:1", `"grace"`); ack.Error == nil || ack.Error.Code != frames.CodeTokenExpired ||
