@@ -81,6 +81,8 @@ type metrics struct {
 
 	producersForgotten [numForgetReasons]prometheus.Counter // producer.go
 	producersIdleBytes prometheus.Gauge
+
+	unsubscribesFailed prometheus.Counter // session.run
 }
 
 // Resume outcomes label syncgate_resumes_total.
@@ -156,6 +158,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		tokenRefreshes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "syncgate_token_refreshes_total", Help: "Hellos that refreshed a live session's token. Refused tokens count in syncgate_error_acks_total by code.",
 		}),
+		unsubscribesFailed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "syncgate_unsubscribes_failed_total", Help: "Subscriptions a closing session could not unsubscribe from the transport (it returned an error): they may stay registered there.",
+		}),
 		presenceDiffs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "syncgate_presence_diffs_total", Help: "Presence diffs (one topic's coalesced changes over one window) fanned out to local subscribers, each encoded once.",
 		}),
@@ -220,7 +225,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	reg.MustRegister(m.liveReads, liveRefused)
 	reg.MustRegister(m.sessions, m.accepted, rejected, m.draining, framesIn, framesOut, m.badFrames, m.framesRateLimited, m.httpRateLimited, m.httpTokensLimited,
 		m.errorsByCode, m.bytesIn, m.bytesOut, m.messagesOut, drops, closes, m.deliveryLatency, m.publishes, m.writeDelay, m.overloadTicks, m.writesBlocked, m.writerStalls,
-		m.tailers, m.replayed, resumes, m.tokenRefreshes)
+		m.tailers, m.replayed, resumes, m.tokenRefreshes, m.unsubscribesFailed)
 	reg.MustRegister(m.presenceDiffs, m.presenceRejoins)
 	reg.MustRegister(forgotten, m.producersIdleBytes)
 	return m

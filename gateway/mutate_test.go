@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"strings"
 	"sync/atomic"
@@ -537,5 +538,37 @@ func TestGateway_DropThatFailsStaysSubscribed(t *testing.T) {
 	}
 	if n := hub.Subscribers("t"); n != 0 {
 		t.Fatalf("%d subscribers of t left in the transport after the drop", n)
+	}
+}
+
+// TestGateway_UnsubscribeFailingAtClose: an Unsubscribe the transport
+// fails at the session's close (the subscription may stay registered
+// there) is logged at warn with its topic and counted in
+// syncgate_unsubscribes_failed_total, and does not stop the session's
+// other unsubscribes. They used to be ignored.
+func TestGateway_UnsubscribeFailingAtClose(t *testing.T) {
+	t.Parallel()
+	hub := fanout.NewHub(fanout.HubConfig{})
+	t.Cleanup(func() { _ = hub.Close() })
+	tr := &unsubFailingTransport{Hub: hub}
+	logs := &syncBuffer{}
+	srv := newTestServer(t, gateway.Config{Transport: tr, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0)
+	c.Subscribe("a", "topic-a")
+	c.Subscribe("b", "topic-b")
+	tr.fail.Store(true)
+	c.Close()
+	gwtest.Eventually(t, gwtest.Timeout, "the closed session unregistered", func() bool {
+		return metricValue(t, scrape(t, srv.ts.URL), "syncgate_sessions") == 0
+	})
+	if got := metricValue(t, scrape(t, srv.ts.URL), "syncgate_unsubscribes_failed_total"); got != 2 {
+		t.Errorf("syncgate_unsubscribes_failed_total %v, want 2 (both subscriptions tried)", got)
+	}
+	out := logs.String()
+	for _, topic := range []string{"topic-a", "topic-b"} {
+		if !strings.Contains(out, "level=WARN") || !strings.Contains(out, "topic="+topic) {
+			t.Errorf("no warning names %s:\n%s", topic, out)
+		}
 	}
 }

@@ -178,7 +178,13 @@ func (s *session) run() {
 	s.q.mu.Unlock()
 	s.writers.Wait()
 	for _, sub := range s.subs {
-		_ = s.srv.transport.Unsubscribe(context.Background(), sub.topic, sub)
+		// A transport over a network may fail: the subscription may then
+		// stay registered there, so it is told and counted, and the other
+		// subscriptions are unsubscribed all the same.
+		if err := s.srv.transport.Unsubscribe(context.Background(), sub.topic, sub); err != nil {
+			s.srv.metrics.unsubscribesFailed.Inc()
+			s.log().Warn("unsubscribe at close failed", "topic", sub.topic, "err", err)
+		}
 		sub.endPersisted()
 	}
 	if s.prod != nil && s.clientID != "" {
