@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/base64"
 	"io"
 	"net"
 	"net/http"
@@ -264,6 +265,64 @@ func (s *Server) refuseNotUpgrade(w http.ResponseWriter) {
 	w.Header().Set("Connection", "Upgrade")
 	w.Header().Set("Upgrade", "websocket")
 	http.Error(w, "this endpoint speaks WebSocket only: send an upgrade request (Upgrade: websocket, docs/protocol.md)", http.StatusUpgradeRequired)
+}
+
+// checkHandshake answers an upgrade request that websocket.Accept would
+// refuse, with the status Accept would answer, counts it as a failed
+// handshake and returns false. serveWS calls it before the per-IP cap and
+// the accept budget: such a request (no Sec-WebSocket-Key, a version
+// other than 13, …) can never become a session, so it must take no place
+// and spend no token.
+func (s *Server) checkHandshake(w http.ResponseWriter, r *http.Request) bool {
+	code, msg := handshakeError(w.Header(), r)
+	if code == 0 {
+		return true
+	}
+	s.metrics.rejected[rejectHandshake].Inc()
+	http.Error(w, msg, code)
+	return false
+}
+
+// handshakeError reports why websocket.Accept would refuse r, as an HTTP
+// status and message (0 if it would not), setting on h the headers Accept
+// sets with that status. It follows coder/websocket's verifyClientRequest
+// (RFC 6455 §4.2.1), which is not exported;
+// Test_handshakeErrorMatchesAccept holds the two together.
+func handshakeError(h http.Header, r *http.Request) (code int, msg string) {
+	switch {
+	case !r.ProtoAtLeast(1, 1):
+		return http.StatusUpgradeRequired, "WebSocket handshake must be at least HTTP/1.1"
+	case !headerHasToken(r.Header, "Connection", "upgrade"), !headerHasToken(r.Header, "Upgrade", "websocket"):
+		h.Set("Connection", "Upgrade")
+		h.Set("Upgrade", "websocket")
+		return http.StatusUpgradeRequired, "WebSocket handshake needs Connection: Upgrade and Upgrade: websocket"
+	case r.Method != http.MethodGet:
+		return http.StatusMethodNotAllowed, "WebSocket handshake method must be GET"
+	case r.Header.Get("Sec-WebSocket-Version") != "13":
+		h.Set("Sec-WebSocket-Version", "13")
+		return http.StatusBadRequest, "unsupported WebSocket protocol version (only 13 is supported)"
+	}
+	keys := r.Header.Values("Sec-WebSocket-Key")
+	if len(keys) != 1 {
+		return http.StatusBadRequest, "WebSocket handshake needs one Sec-WebSocket-Key"
+	}
+	if k, err := base64.StdEncoding.DecodeString(strings.TrimSpace(keys[0])); err != nil || len(k) != 16 {
+		return http.StatusBadRequest, "invalid Sec-WebSocket-Key: must be 16 bytes in base64"
+	}
+	return 0, ""
+}
+
+// headerHasToken reports whether one of the comma-separated values of
+// header key in h is token, ignoring case.
+func headerHasToken(h http.Header, key, token string) bool {
+	for _, v := range h.Values(key) {
+		for t := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // isWebSocketUpgrade reports whether r asks for a WebSocket upgrade.

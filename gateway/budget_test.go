@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -559,6 +560,49 @@ func TestOverload_FailedRefusalCountsAsHandshake(t *testing.T) {
 	}
 	m := scrape(t, srv.ts.URL)
 	for _, want := range []string{`{reason="handshake"} 1`, `{reason="rate_limit"} 0`} {
+		if !strings.Contains(m, "syncgate_sessions_rejected_total"+want) {
+			t.Errorf("metrics lack %s:\n%s", want, grepLines(m, "syncgate_sessions_rejected"))
+		}
+	}
+}
+
+// TestOverload_NoTokenForBadUpgrades: an upgrade request that
+// websocket.Accept would refuse (no or a bad Sec-WebSocket-Key, a version
+// other than 13, no Connection: Upgrade) gets its 4xx without
+// spending an accept token: it can never become a session. It used to be
+// checked only by Accept, after admit took the token. The clock stands
+// still, so the bucket never refills: its one token is still there for
+// the valid client after them.
+func TestOverload_NoTokenForBadUpgrades(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_700_000_000, 0)
+	srv := newTestServer(t, gateway.Config{AcceptRate: 1, AcceptBurst: 1, Now: func() time.Time { return now }})
+	const key = "dGhlIHNhbXBsZSBub25jZQ=="
+	cases := []struct {
+		name   string
+		header []string // name, value pairs besides Upgrade: websocket
+		want   int
+	}{
+		{"no key", []string{"Connection", "Upgrade", "Sec-WebSocket-Version", "13"}, http.StatusBadRequest},
+		{"short key", []string{"Connection", "Upgrade", "Sec-WebSocket-Version", "13", "Sec-WebSocket-Key", "c2hvcnQ="}, http.StatusBadRequest},
+		{"version 8", []string{"Connection", "Upgrade", "Sec-WebSocket-Version", "8", "Sec-WebSocket-Key", key}, http.StatusBadRequest},
+		{"no version", []string{"Connection", "Upgrade", "Sec-WebSocket-Key", key}, http.StatusBadRequest},
+		{"no Connection: Upgrade", []string{"Connection", "keep-alive", "Sec-WebSocket-Version", "13", "Sec-WebSocket-Key", key}, http.StatusUpgradeRequired},
+	}
+	for _, c := range cases {
+		code, body := httpDo(t, "GET", srv.ts.URL+"/v1/ws", "", "", "", append([]string{"Upgrade", "websocket"}, c.header...)...)
+		if code != c.want {
+			t.Errorf("%s: %d %q, want %d", c.name, code, body, c.want)
+		}
+	}
+	f, conn := firstFrame(t, srv.url)
+	defer conn.CloseNow()
+	if _, ok := f.(*frames.Hello); !ok {
+		t.Fatalf("valid client after the bad upgrades: %+v, want hello (the burst's one token)\n%s", f,
+			grepLines(scrape(t, srv.ts.URL), "syncgate_sessions_rejected"))
+	}
+	m := scrape(t, srv.ts.URL)
+	for _, want := range []string{fmt.Sprintf(`{reason="handshake"} %d`, len(cases)), `{reason="rate_limit"} 0`} {
 		if !strings.Contains(m, "syncgate_sessions_rejected_total"+want) {
 			t.Errorf("metrics lack %s:\n%s", want, grepLines(m, "syncgate_sessions_rejected"))
 		}

@@ -253,6 +253,12 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 	if !s.checkOrigin(w, r) {
 		return
 	}
+	// A malformed upgrade, like a plain request, can never become a
+	// session: it gets its 4xx before it takes a place or a token. After
+	// the Origin, so a foreign page learns nothing of it.
+	if !s.checkHandshake(w, r) {
+		return
+	}
 	// The per-address cap before the accept budget: a client refused for
 	// its address must not spend a token that a session could have had.
 	ip := clientIP(r.RemoteAddr)
