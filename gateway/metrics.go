@@ -85,6 +85,21 @@ type metrics struct {
 	unsubscribesFailed prometheus.Counter // session.run
 }
 
+// countFramesOut counts items in syncgate_frames_out_total, by type.
+// writeBatch counts its frames itself, as it goes; this is for the frames
+// of a message whose write completed later (a pending message's flush).
+func (m *metrics) countFramesOut(items []outItem) {
+	var counts [numFrameTypes]int
+	for i := range items {
+		counts[items[i].kind]++
+	}
+	for k, n := range counts {
+		if n > 0 {
+			m.framesOut[k].Add(float64(n))
+		}
+	}
+}
+
 // Resume outcomes label syncgate_resumes_total.
 const (
 	resumeReplayed = "replayed" // the backlog after the cursor was sent

@@ -80,9 +80,12 @@ type session struct {
 	lastGap   int64 // owned by the running writer: nanoseconds between its last two batches
 	lastCount int   // owned by the running writer: frames in its last batch
 	// pendingAt is the publish time (Unix nanoseconds) of the oldest patch
-	// in a message left pending on a full socket, 0 if none: its latency
-	// is observed once the flush ends. Owned by the running writer.
+	// in a message left pending on a full socket, 0 if none, and pending
+	// are its frames: its latency is observed, and its frames are counted
+	// out (or dropped, if the flush fails), once the flush ends. Owned by
+	// the running writer.
 	pendingAt int64
+	pending   []outItem
 	// writeBroken is set by the writer after a failed write; owned by the
 	// running writer.
 	writeBroken bool

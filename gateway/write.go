@@ -522,14 +522,15 @@ func (s *session) writeTurn(spare []outItem, due bool) []outItem {
 			gap, count := s.lastGap, s.lastCount
 			if err := s.netConn.flush(); err != nil {
 				s.writeFailed(err)
-				s.srv.metrics.drops[dropSessionClosed].Add(float64(len(rest)))
+				s.srv.metrics.drops[dropSessionClosed].Add(float64(len(s.pending) + len(rest)))
 			} else {
+				s.srv.metrics.countFramesOut(s.pending)
 				s.observeDelivery(s.pendingAt)
 				if _, _, err := s.writeBatch(context.Background(), rest, true); err != nil {
 					s.writeFailed(err)
 				}
 			}
-			s.pendingAt = 0
+			s.pendingAt, s.pending = 0, nil
 			s.lastGap, s.lastCount = gap, count
 			s.ownWriter(nil)
 		}()
@@ -662,8 +663,13 @@ func (s *session) ping(ctx context.Context) error {
 // writeBatch writes items as few WebSocket messages as MaxBatchBytes allows,
 // frames separated by '\n'. With wait false (the connection must be
 // nonBlocking) it stops when the socket is full: blocked is true, the
-// message in flight is pending in netConn (see corkConn.uncork), and rest
-// are the items not yet written.
+// message in flight is pending in netConn (see corkConn.uncork) and its
+// frames in s.pending, and rest are the items not yet written.
+//
+// A frame counts in frames_out once its message is in the socket: the
+// frames of a message whose write fails are drops, as are those after it
+// (nothing is written after a failed write), and those of a pending
+// message count when its flush ends (writeTurn).
 func (s *session) writeBatch(ctx context.Context, items []outItem, wait bool) (blocked bool, rest []outItem, err error) {
 	if len(items) == 0 {
 		return false, nil, nil
@@ -678,14 +684,23 @@ func (s *session) writeBatch(ctx context.Context, items []outItem, wait bool) (b
 	defer writeBufPool.Put(bp)
 	buf := (*bp)[:0]
 	var counts [numFrameTypes]int
+	var last []outItem // the frames of the message that failed or was left pending
 	defer func() {
+		if err != nil || blocked {
+			// last is not in the socket (yet): its frames are not out.
+			for i := range last {
+				counts[last[i].kind]--
+			}
+			if err != nil {
+				m.drops[dropSessionClosed].Add(float64(len(last) + len(rest)))
+			} else {
+				s.pending = last
+			}
+		}
 		for k, n := range counts {
 			if n > 0 {
 				m.framesOut[k].Add(float64(n))
 			}
-		}
-		if err != nil {
-			m.drops[dropSessionClosed].Add(float64(len(rest))) // nothing is written after a failed write
 		}
 	}()
 	start := 0
@@ -694,6 +709,7 @@ func (s *session) writeBatch(ctx context.Context, items []outItem, wait bool) (b
 		if len(buf) > 0 && len(buf)+1+it.size() > s.srv.cfg.MaxBatchBytes {
 			blocked, err = s.writeMessage(ctx, buf, items[start:i], wait)
 			if err != nil || blocked {
+				last = items[start:i]
 				return blocked, items[i:], err
 			}
 			buf, start = buf[:0], i
@@ -705,7 +721,8 @@ func (s *session) writeBatch(ctx context.Context, items []outItem, wait bool) (b
 		buf = append(buf, it.body...)
 		counts[it.kind]++
 	}
-	blocked, err = s.writeMessage(ctx, buf, items[start:], wait)
+	last = items[start:]
+	blocked, err = s.writeMessage(ctx, buf, last, wait)
 	if cap(buf) <= 2*s.srv.cfg.MaxBatchBytes {
 		*bp = buf[:0] // a buffer grown by one huge frame is left to the GC
 	} else {
@@ -716,9 +733,10 @@ func (s *session) writeBatch(ctx context.Context, items []outItem, wait bool) (b
 
 // writeMessage writes msg, the frames of items, as one WebSocket message
 // (see writeBatch for wait and blocked). A message left pending counts as
-// written (the rest of it goes before anything else, or the session
-// ends), except in the delivery latency: that is observed when the flush
-// ends (see pendingAt).
+// written in the messages and bytes out (the rest of it goes before
+// anything else, or the session ends), but not in the delivery latency,
+// which is observed when the flush ends (see pendingAt), nor are its
+// frames counted out until then (see writeBatch).
 func (s *session) writeMessage(ctx context.Context, msg []byte, items []outItem, wait bool) (blocked bool, err error) {
 	s.netConn.cork()
 	err = s.conn.Write(ctx, websocket.MessageText, msg)

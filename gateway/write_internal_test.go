@@ -5,11 +5,15 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/syncgate/syncgate/internal/gwtest"
 )
 
 // pingPair is connPair whose client reports each ping it reads on pinged
@@ -271,6 +275,115 @@ func TestSession_CloseEndsPing(t *testing.T) {
 		writerDone(t, s)
 		if r := reasonOf(s); r != reasonReadError {
 			t.Fatalf("closed for %v (read: %v), want %v", r, rerr, reasonReadError)
+		}
+	})
+}
+
+// counterValue is the value of srv's counter name, of the sample with
+// label = value ("" for a counter without labels), gathered from reg, the
+// registry srv was made with.
+func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if label == "" {
+				return m.GetCounter().GetValue()
+			}
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no sample %s{%s=%q}", name, label, value)
+	return 0
+}
+
+// TestSession_FailedWriteCountsDrops: the frames of a message whose write
+// fails never reach the client whole, so they count in
+// syncgate_drops_total{reason="session_closed"}, like the frames after
+// it, not in syncgate_frames_out_total; they used to count as frames
+// out. So do those of a message a shared writer left pending on a full
+// socket when its flush fails: such a message counts only once its rest
+// is written.
+func TestSession_FailedWriteCountsDrops(t *testing.T) {
+	frame := func(body string) outItem { return outItem{prefix: []byte(`{"p":`), body: []byte(body), kind: idxPatch} }
+	const out, drops = "syncgate_frames_out_total", "syncgate_drops_total"
+
+	t.Run("write fails", func(t *testing.T) {
+		reg := prometheus.NewRegistry()
+		srv, err := New(Config{MaxBatchBytes: 25, Registry: reg}) // two 10-byte frames a message
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer srv.Shutdown(context.Background())
+		sc, raw, _ := connPair(t)
+		s := newSession(context.Background(), srv, sc, raw, "failed", "test")
+		tcp, ok := raw.Conn.(*net.TCPConn)
+		if !ok {
+			t.Skipf("connection is %T", raw.Conn)
+		}
+		if err := tcp.CloseWrite(); err != nil { // every write now fails at once (EPIPE)
+			t.Fatal(err)
+		}
+		for _, body := range []string{`"aaa"}`, `"bbb"}`, `"ccc"}`, `"ddd"}`, `"eee"}`} {
+			// push, not enqueue: no writer starts, the test writes.
+			if r := s.q.push(frame(body), 100, 1<<20); r == pushFull || r == pushClosed {
+				t.Fatal("push refused")
+			}
+		}
+		items, _, _, _ := s.q.next(nil)
+		if _, _, err := s.writeBatch(t.Context(), items, true); err == nil {
+			t.Fatal("the write on a socket shut for writing succeeded")
+		}
+		if n := counterValue(t, reg, out, "type", "patch"); n != 0 {
+			t.Errorf("%v patches counted out, want 0: none was written", n)
+		}
+		if n := counterValue(t, reg, drops, "reason", dropSessionClosed); n != 5 {
+			t.Errorf("%v patches dropped, want all 5", n)
+		}
+	})
+
+	t.Run("flush of a pending message fails", func(t *testing.T) {
+		reg := prometheus.NewRegistry()
+		srv, err := New(Config{Writers: 1, Registry: reg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer srv.Shutdown(context.Background())
+		s, cc := pooledSession(t, srv, "pending")
+		tcp, ok := s.netConn.Conn.(*net.TCPConn)
+		if !ok {
+			t.Skipf("connection is %T", s.netConn.Conn)
+		}
+		if err := tcp.SetWriteBuffer(8 << 10); err != nil {
+			t.Fatal(err)
+		}
+		// The client reads nothing: a 2 MiB message fills the socket, and
+		// the pool's turn leaves its rest pending for the session's own
+		// goroutine to flush.
+		s.enqueue(frame(`"` + strings.Repeat("x", 2<<20) + `"}`))
+		gwtest.Eventually(t, gwtest.Timeout, "the message is left pending on the full socket", func() bool {
+			return counterValue(t, reg, "syncgate_writes_blocked_total", "", "") == 1
+		})
+		if n := counterValue(t, reg, out, "type", "patch"); n != 0 {
+			t.Errorf("%v patches counted out while their message waits to be flushed, want 0", n)
+		}
+		_ = cc.CloseNow() // with data unread: the flush fails
+		waitWriters(t, s)
+		if n := counterValue(t, reg, out, "type", "patch"); n != 0 {
+			t.Errorf("%v patches counted out, want 0: the flush failed", n)
+		}
+		if n := counterValue(t, reg, drops, "reason", dropSessionClosed); n != 1 {
+			t.Errorf("%v patches dropped, want 1", n)
 		}
 	})
 }
