@@ -10,7 +10,7 @@ const (
 	reasonNone            closeReason = iota
 	reasonClientClosed                // the client closed the connection
 	reasonReadError                   // the connection failed while reading
-	reasonWriteError                  // a write failed or timed out
+	reasonWriteError                  // a write failed or timed out (not one that found the connection closed: see writeFailed)
 	reasonMessageTooBig               // a client message exceeded MaxFrameBytes
 	reasonHelloTimeout                // no hello within HelloTimeout
 	reasonSlowConsumer                // the send queue overflowed

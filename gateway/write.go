@@ -352,9 +352,22 @@ func (s *session) writeLoop(ctx context.Context, first *writeRound) {
 // writeFailed closes the session after a failed write. The stream may hold
 // part of a frame: nothing more is written, not even a ping; the writer's
 // next round sends no close frame either.
+//
+// A write that fails with net.ErrClosed found the connection closed under
+// it: by coder/websocket once it has answered the client's close frame,
+// or by a cut, which comes after closeWith. The reader fails then too,
+// and run closes the session with the reader's reason, which knows why
+// (client_closed for the client's close frame): taking the reason here
+// would race the reader for it and call a client's own close a write
+// error (see pingFailed, likewise). Until then a write fails at once
+// with nothing written (the library checks for a closed connection before
+// it writes a frame), its frames counted as drops.
 func (s *session) writeFailed(err error) {
 	s.log().Debug("write failed", "err", err)
 	s.writeBroken = true
+	if errors.Is(err, net.ErrClosed) {
+		return // the reader's reason
+	}
 	s.closeWith(reasonWriteError)
 }
 

@@ -123,6 +123,46 @@ func TestSession_PingFailureReason(t *testing.T) {
 	})
 }
 
+// TestSession_ClosedWriteLeavesTheReason: a data write that fails with
+// net.ErrClosed because the connection closed under it (here the client's
+// close frame, which coder/websocket's reader answers and then closes the
+// connection) leaves the close reason to the reader, which knows why:
+// client_closed, not write_error. It used to be write_error whenever the
+// writer got there first. The stream is still taken as broken: nothing
+// more is written. As in TestSession_PingFailureReason the test plays the
+// reader (readLoop, then closeWith, as run does), so that the writer is
+// deterministically first; with the pool's writer and with the session's
+// own.
+func TestSession_ClosedWriteLeavesTheReason(t *testing.T) {
+	srv, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown(context.Background())
+	for _, own := range []bool{false, true} {
+		t.Run(fmt.Sprintf("own writer %v", own), func(t *testing.T) {
+			sc, raw, cc := connPair(t)
+			s := newSession(context.Background(), srv, sc, raw, "closed", "test")
+			if !own && !s.pooled {
+				t.Skip("no shared writers on this system")
+			}
+			s.pooled = !own
+			go func() { _ = cc.Close(websocket.StatusNormalClosure, "") }()
+			rerr := s.readLoop() // the close frame: the library echoes it and closes the connection
+			s.enqueue(outItem{body: []byte(`{"f":1}`), kind: idxPatch})
+			waitWriters(t, s) // the write failed, and the writer dealt with it
+			if !s.writeBroken {
+				t.Fatal("the write to the closed connection did not fail")
+			}
+			s.closeWith(readErrorReason(rerr))
+			waitWriters(t, s)
+			if r := reasonOf(s); r != reasonClientClosed {
+				t.Fatalf("closed for %v (read: %v), want %v: the write failed because the client closed", r, rerr, reasonClientClosed)
+			}
+		})
+	}
+}
+
 // TestSession_NoHoldOnceItWouldEnd: a close, or a push that fills an
 // eighth of the queue, ends a pacing hold (closeWith, push), but only one
 // already marked (holdOwn, holdPool). One that came after holdFor looked
