@@ -34,8 +34,10 @@ const (
 	// frame. Err says why; Delay is the backoff before the next attempt.
 	EventDisconnected
 	// EventDialFailed: connection attempt Attempt to URL failed with Err;
-	// Delay is the wait before the next one (the server's afterMs if it
-	// refused with a reconnect frame, Reason then set, else backoff).
+	// Delay is the wait before the next one (what is left of the
+	// server's afterMs, counted from its reconnect frame's arrival, if it
+	// refused with one, Reason then set; else backoff). It is never
+	// negative.
 	EventDialFailed
 	// EventConnected: a new connection to URL completed its hello; the
 	// Client now resubscribes and re-sends on it.
@@ -107,9 +109,11 @@ func (c *Client) backoff(attempt int) time.Duration {
 	return time.Duration(c.opts.Rand(int64(ceil)))
 }
 
-// untilDeadline returns how long from now until at+d.
+// untilDeadline returns how long from now until at+d: 0 once it has
+// passed (the frame that set it arrived more than d ago), never less, as
+// Event.Delay reports it.
 func (c *Client) untilDeadline(at time.Time, d time.Duration) time.Duration {
-	return at.Add(d).Sub(c.opts.Now())
+	return max(0, at.Add(d).Sub(c.opts.Now()))
 }
 
 // dialRetry makes the first connection for Dial with Reconnect, retrying

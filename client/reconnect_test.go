@@ -178,6 +178,27 @@ func TestReconnect_Overload_DialObeysAfterMs(t *testing.T) {
 	equal(t, "SessionID", c.SessionID(), "sess-2")
 }
 
+// A refusal's afterMs is counted from the reconnect frame's arrival: once
+// that moment has passed the wait is 0, never negative. The clock moves
+// 100 ms at every reading, past the refusal's 50 ms.
+func TestReconnect_Overload_DialFailedDelayNotNegative(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	fs := newFakeServer(t)
+	clock := newFakeClock()
+	var sl sleeps
+	ev := newEvents()
+	now := func() time.Time {
+		clock.advance(100 * time.Millisecond)
+		return clock.now()
+	}
+	dialReconnect(t, fs.url(), &client.Options{BuildID: "overload-once", Now: now, Sleep: sl.sleep, OnEvent: ev.on})
+	f := ev.wait(t, ctx, client.EventDialFailed)
+	equal(t, "Reason", f.Reason, frames.ReasonOverload)
+	equal(t, "Delay", f.Delay, 0)
+	equal(t, "sleep", sl.get()[0], 0)
+}
+
 // TestReconnect_MakeBeforeBreak moves a subscriber to a new connection
 // while a publisher publishes to a persisted topic: the subscriber must see
 // every message exactly once, in order, and its old connection must stay
