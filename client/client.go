@@ -166,6 +166,10 @@ type Options struct {
 	Now   func() time.Time
 	Sleep func(ctx context.Context, d time.Duration) error
 	Rand  func(n int64) int64
+
+	// Test hooks, set by export_test.go; nil otherwise. Each is given the
+	// channel closed when the connection named has ended.
+	dialedForTest func(ended <-chan struct{}) // Dial: its connection said hello and is not current yet
 }
 
 // RoundRobin returns an [Options.URLFor] that cycles through urls,
@@ -328,10 +332,22 @@ func Dial(ctx context.Context, url string, opts *Options) (*Client, error) {
 		c.conns.Wait()
 		return nil, err
 	}
+	if o.dialedForTest != nil {
+		o.dialedForTest(first.done)
+	}
+	now := c.opts.Now()
 	c.mu.Lock()
-	c.cur, c.last = first, first
+	c.last = first
+	if first.err == nil {
+		// Not one that has ended since its hello: its end did not find
+		// it current, so nothing would take it back, and calls would go
+		// to a dead connection. Without a current one they wait (or fail,
+		// without Reconnect, with its error) while the supervisor, which
+		// finds it ended, reconnects at once.
+		c.cur = first
+		first.upAt = now
+	}
 	c.mu.Unlock()
-	first.setCurrent(c.opts.Now())
 	if o.Reconnect {
 		sctx, cancel := context.WithCancel(context.Background())
 		c.cancel = cancel

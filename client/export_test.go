@@ -18,3 +18,8 @@ func (s *Subscription) DropWaitersForTest() int {
 	defer s.c.mu.Unlock()
 	return len(s.dropWait)
 }
+
+// SetDialedForTest makes Dial call f once its connection has said hello,
+// before it becomes current, with the channel closed when that connection
+// has ended.
+func SetDialedForTest(o *Options, f func(ended <-chan struct{})) { o.dialedForTest = f }

@@ -608,3 +608,28 @@ func TestReconnect_AttemptsContinueDials(t *testing.T) {
 		t.Fatalf("the reconnect's attempt is %d (URL %s), want 2 (URL %s): attempts restarted after Dial", n, rr(n), rr(2))
 	}
 }
+
+// A Dial whose connection ends after its hello, before it becomes
+// current, must not leave that dead connection current: calls would go
+// to it until a later connection took over. The supervisor finds it
+// ended and reconnects at once; meanwhile there is no connection. Here
+// the backoff lasts until the test ends.
+func TestReconnect_DialConnectionEndsBeforeCurrent(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	s := newScripted(t)
+	rec := newRecorder()
+	o := rec.options()
+	noBackoff(o)
+	client.SetDialedForTest(o, func(ended <-chan struct{}) {
+		s.next(t).ws.CloseNow()
+		recv(t, ctx, ended)
+	})
+	c, err := client.Dial(ctx, s.url(), o)
+	noErr(t, err)
+	t.Cleanup(func() { c.Close() })
+	waitEvents(t, rec, client.EventDisconnected, 1)
+	if err := c.Send(ctx, &frames.Presence{Topic: "x", Op: "join", Members: []frames.Member{}}); !errors.Is(err, client.ErrNotConnected) {
+		t.Fatalf("Send after the connection ended = %v, want ErrNotConnected", err)
+	}
+}
