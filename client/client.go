@@ -169,7 +169,8 @@ type Options struct {
 
 	// Test hooks, set by export_test.go; nil otherwise. Each is given the
 	// channel closed when the connection named has ended.
-	dialedForTest func(ended <-chan struct{}) // Dial: its connection said hello and is not current yet
+	dialedForTest   func(ended <-chan struct{}) // Dial: its connection said hello and is not current yet
+	takeOverForTest func(ended <-chan struct{}) // takeOver: the subscriptions are added on the new connection, not yet posted
 }
 
 // RoundRobin returns an [Options.URLFor] that cycles through urls,

@@ -23,3 +23,8 @@ func (s *Subscription) DropWaitersForTest() int {
 // before it becomes current, with the channel closed when that connection
 // has ended.
 func SetDialedForTest(o *Options, f func(ended <-chan struct{})) { o.dialedForTest = f }
+
+// SetTakeOverForTest makes every take-over call f once it has added the
+// subscriptions on the new connection, before it sends them there, with
+// the channel closed when the new connection has ended.
+func SetTakeOverForTest(o *Options, f func(ended <-chan struct{})) { o.takeOverForTest = f }

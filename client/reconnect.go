@@ -285,23 +285,29 @@ func (c *Client) takeOver(ctx context.Context, old, next *conn, resumed Event) b
 
 	rg := &resumeGroup{done: make(chan struct{})}
 	var adds []*Subscription
+	var was []addedFrom // adds[i] was at was[i] before, should next fail
 	c.mu.Lock()
 	c.hold = nil // under the send lock until it is released below
 	for _, s := range c.subs {
 		if s.abandoned || s.dropping {
 			continue
 		}
+		from := addedFrom{via: s.via, expiredOn: s.expiredOn}
 		if err := s.addOnLocked(next, rg); err != nil {
 			break // next has ended; its error is found below
 		}
 		rg.left++
 		adds = append(adds, s)
+		was = append(was, from)
 	}
 	if rg.left == 0 {
 		close(rg.done)
 	}
 	ms := slices.SortedFunc(maps.Values(c.mutates), func(a, b *mutation) int { return cmp.Compare(a.seq, b.seq) })
 	c.mu.Unlock()
+	if c.opts.takeOverForTest != nil {
+		c.opts.takeOverForTest(next.done)
+	}
 
 	ok := true
 	posted := 0
@@ -352,10 +358,17 @@ func (c *Client) takeOver(ctx context.Context, old, next *conn, resumed Event) b
 	} else {
 		ok = false
 		// The subscriptions stay where they were: a reset on that
-		// connection is then not taken for one during a take-over.
-		for _, s := range adds {
-			if s.via == next && s.snapOn != nil {
+		// connection is then not taken for one during a take-over, and
+		// a Subscribe still waiting is answered where its add went (old,
+		// which stays current), not left for a later take-over while
+		// old's answer is passed over.
+		for i, s := range adds {
+			switch {
+			case s.via != next:
+			case s.snapOn != nil:
 				s.via, s.resume = s.snapOn, nil
+			default:
+				s.via, s.expiredOn, s.resume = was[i].via, was[i].expiredOn, nil
 			}
 		}
 	}
@@ -441,6 +454,13 @@ func (c *Client) takeOver(ctx context.Context, old, next *conn, resumed Event) b
 	}
 	wg.Wait()
 	return true
+}
+
+// addedFrom is where a subscription's latest add went before a take-over
+// sent it to the new connection, and whether that one's answer was
+// X_CURSOR_EXPIRED.
+type addedFrom struct {
+	via, expiredOn *conn
 }
 
 // takeDropsLocked takes from cn, whose writes a take-over has just

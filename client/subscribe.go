@@ -91,7 +91,11 @@ type Subscription struct {
 // drop: it is being closed, which ends the subscription too. With
 // Reconnect a given-up subscription is never resubscribed, and a
 // Subscribe waiting while the Client reconnects is sent on the new
-// connection.
+// connection. A take-over sends a waiting Subscribe's add on its new
+// connection too; if that connection ends before it takes over, the old
+// one stays current and the Subscribe is answered there, where its add
+// went first (an add that went to no live connection is sent on the
+// connection that next takes over).
 func (c *Client) Subscribe(ctx context.Context, topic string, cursor *frames.Cursor, handler func(*frames.Patch)) (*Subscription, error) {
 	s := &Subscription{
 		c:       c,

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -209,6 +210,62 @@ func TestReconnect_TakeOver_DropQueuedOnOld(t *testing.T) {
 	case f := <-sc1.in:
 		t.Fatalf("the old connection got %T %+v", f, f)
 	default:
+	}
+}
+
+// A take-over whose new connection ends after the take-over sent a
+// waiting Subscribe's add there too, before it took over, leaves the old
+// connection current: the Subscribe, whose add the old connection was
+// sent, goes live on the old connection's answer, as if the take-over
+// had never begun, not on a later take-over's.
+func TestReconnect_TakeOver_FailsWithSubscribeWaiting(t *testing.T) {
+	s := newScripted(t)
+	ctx := testCtx(t)
+	rec := newRecorder()
+	o := rec.options()
+	noBackoff(o) // the reconnect goes at once; none after the failed take-over
+	hooked := make(chan struct{})
+	var once sync.Once
+	client.SetTakeOverForTest(o, func(ended <-chan struct{}) {
+		once.Do(func() {
+			close(hooked) // the test ends the new connection now
+			select {
+			case <-ended:
+			case <-ctx.Done():
+			}
+		})
+	})
+	c, err := client.Dial(ctx, s.url(), o)
+	noErr(t, err)
+	t.Cleanup(func() { c.Close() })
+	sc1 := s.next(t)
+
+	type result struct {
+		sub *client.Subscription
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		sub, err := c.Subscribe(ctx, "p:t", nil, nil)
+		done <- result{sub, err}
+	}()
+	add := expect[*frames.Subscribe](t, sc1)
+	sc1.send(t, &frames.Reconnect{AfterMs: 0, Reason: frames.ReasonDrain})
+	sc2 := s.next(t)
+	recv(t, ctx, hooked)
+	sc2.ws.CloseNow()
+	waitEvents(t, rec, client.EventDialFailed, 1)
+
+	sc1.send(t, &frames.Ack{Ref: add.SID}, topicSnapshot(add.SID, 0, "log:a"), insert(add.SID, 1, "x"))
+	r := recv(t, ctx, done)
+	noErr(t, r.err)
+	if p := recv(t, ctx, r.sub.Patches()); p.LSN != lsnOf(1) {
+		t.Fatalf("patch %+v, want lsn %s", p, lsnOf(1))
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.frames) != 0 {
+		t.Fatalf("OnFrame got %+v, want nothing", rec.frames)
 	}
 }
 
