@@ -145,8 +145,10 @@ type Options struct {
 	// BackoffBase and BackoffCap shape the full-jitter exponential backoff
 	// after an unscheduled disconnect or a failed attempt: attempt k
 	// (from 0) waits a uniformly random time in [0, min(BackoffCap,
-	// BackoffBase·2^k)). Zero or negative means DefaultBackoffBase (500ms)
-	// and DefaultBackoffCap (30s).
+	// BackoffBase·2^k)). The same backoff spaces the drops of a given-up
+	// subscription that the server refuses (see [Client.Subscribe]).
+	// Zero or negative means DefaultBackoffBase (500ms) and
+	// DefaultBackoffCap (30s).
 	BackoffBase time.Duration
 	BackoffCap  time.Duration
 

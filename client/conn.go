@@ -34,8 +34,8 @@ type conn struct {
 	closingc  chan struct{} // closed when we start closing it
 
 	// life ends when the read loop starts shutting the connection down;
-	// tasks are the goroutines it bounds (token refreshes), waited for
-	// before the connection counts as ended.
+	// tasks are the goroutines it bounds (token refreshes, the resend of
+	// a refused drop), waited for before the connection counts as ended.
 	life    context.Context
 	endLife context.CancelFunc
 	tasks   sync.WaitGroup

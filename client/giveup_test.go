@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 
 	"github.com/syncgate/syncgate/client"
@@ -72,6 +73,52 @@ func TestClient_Subscribe_GiveUpDrops(t *testing.T) {
 			noErr(t, c.PublishAsync(ctx, "p:t", json.RawMessage(`1`), func(string, error) {}))
 			expect[*frames.Mutate](t, sc2)
 		})
+	}
+}
+
+// A given-up subscription's drop that the server refuses (X_INTERNAL: it
+// could not drop the subscription, which stays active, and asks for the
+// drop again later) is sent again after a backoff, three times in all;
+// the subscription's frames stay consumed meanwhile.
+func TestClient_Subscribe_GiveUpDropRefusedIsSentAgain(t *testing.T) {
+	s := newScripted(t)
+	ctx := testCtx(t)
+	rec := newRecorder()
+	o := rec.options()
+	var backoffs atomic.Int32
+	o.Rand = func(int64) int64 { backoffs.Add(1); return 0 } // each retry's backoff, none waited
+	c, err := client.Dial(ctx, s.url(), o)
+	noErr(t, err)
+	t.Cleanup(func() { c.Close() })
+	sc := s.next(t)
+
+	cancel, errc := subscribeCancellable(ctx, c)
+	defer cancel()
+	add := expect[*frames.Subscribe](t, sc)
+	cancel()
+	if err := recv(t, ctx, errc); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Subscribe = %v, want context.Canceled", err)
+	}
+	refused := &frames.Ack{Ref: add.SID, Error: &frames.ErrorBody{Code: frames.CodeInternal,
+		Cause: "the server could not drop the subscription; it is still active", Fix: "retry the drop later"}}
+	sc.send(t, &frames.Ack{Ref: add.SID}, topicSnapshot(add.SID, 0, "log:a"))
+	for i := range 3 {
+		drop := expect[*frames.Subscribe](t, sc)
+		if drop.Op != frames.OpDrop || drop.SID != add.SID {
+			t.Fatalf("drop %d: the client sent %+v, want a drop of %q", i+1, drop, add.SID)
+		}
+		sc.send(t, insert(add.SID, i+1, "x"), refused)
+	}
+	// The third refusal is the last: no backoff for a fourth drop, and
+	// the next frame is a mutate made now.
+	sc.sendMarked(t, rec)
+	equal(t, "retries", backoffs.Load(), 2)
+	noErr(t, c.PublishAsync(ctx, "p:t", json.RawMessage(`1`), func(string, error) {}))
+	expect[*frames.Mutate](t, sc)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.frames) != 1 {
+		t.Fatalf("OnFrame got %d frames, want only the marker: %+v", len(rec.frames), rec.frames)
 	}
 }
 

@@ -85,9 +85,13 @@ type Subscription struct {
 // bandwidth are freed once the server reads it. Nothing of the
 // subscription is passed on: its ack, snapshot and patches on that
 // connection, and the drop's ack, are consumed, not given to
-// [Options.OnFrame] (should the server refuse the drop, other than with
-// X_NOT_SUBSCRIBED, its patches stay consumed for the rest of the
-// connection). A connection whose writes a take-over has stopped gets no
+// [Options.OnFrame]. Should the server refuse the drop (X_INTERNAL: it
+// could not drop the subscription), the drop is sent again after a
+// backoff (see [Options.BackoffBase]), three times in all; refused every
+// time, the subscription's patches stay consumed for the rest of the
+// connection. A drop the server dropped over its rate (X_RATE_LIMITED)
+// ends the connection (see the package doc, Pacing), and with it the
+// subscription. A connection whose writes a take-over has stopped gets no
 // drop: it is being closed, which ends the subscription too. With
 // Reconnect a given-up subscription is never resubscribed, and a
 // Subscribe waiting while the Client reconnects is sent on the new
@@ -196,7 +200,7 @@ func (s *Subscription) addQueued(cn *conn) {
 // or this, drops it. Caller holds c.mu.
 func (s *Subscription) addQueuedLocked(cn *conn) (drop bool) {
 	if s.abandoned {
-		return s.giveUpOnLocked(cn)
+		return s.giveUpOnLocked(cn, 0)
 	}
 	if s.settled {
 		return false // a resume: settled subscriptions are not given up
@@ -224,7 +228,7 @@ func (s *Subscription) abandon() bool {
 	s.resumeDoneLocked()
 	var drops []*conn
 	for _, cn := range s.asked {
-		if s.giveUpOnLocked(cn) {
+		if s.giveUpOnLocked(cn, 0) {
 			drops = append(drops, cn)
 		}
 	}
@@ -236,22 +240,46 @@ func (s *Subscription) abandon() bool {
 	return true
 }
 
+// giveUpDropTries bounds the drops of a given-up subscription sent on one
+// connection: one the server refuses is sent again after a backoff, at
+// most this many times in all.
+const giveUpDropTries = 3
+
 // giveUpOnLocked readies the drop of the given-up s on cn, which was sent
 // its add, and reports whether to post it (not if cn has ended: the
-// server forgot s with it). Until the drop's ack, cn's frames for s are
-// consumed: the add's ack (handleAddAck), snapshot and patches (cn.gaveUp)
-// and then the drop's ack (the waiter queued here). Caller holds c.mu.
-func (s *Subscription) giveUpOnLocked(cn *conn) bool {
+// server forgot s with it). tries is how many drops of s cn was sent
+// before. Until the drop's ack, cn's frames for s are consumed: the add's
+// ack (handleAddAck), snapshot and patches (cn.gaveUp) and then the
+// drop's ack (the waiter queued here). Caller holds c.mu.
+func (s *Subscription) giveUpOnLocked(cn *conn, tries int) bool {
 	c, sid := s.c, s.sid
 	err := cn.addSubWaiterLocked(sid, func(a *frames.Ack, err error) {
-		if err != nil || a.Error != nil && a.Error.Code != frames.CodeNotSubscribed {
-			// The connection ended, or the server kept the subscription:
-			// what it still sends for it stays consumed.
-			return
+		switch {
+		case err != nil:
+			// The connection ended: the server forgot s with it.
+		case a.Error == nil || a.Error.Code == frames.CodeNotSubscribed:
+			c.mu.Lock()
+			delete(cn.gaveUp, sid)
+			c.mu.Unlock()
+		case a.Error.Code == frames.CodeRateLimited:
+			// Dropped over the rate: the connection starts over
+			// (handleFrameAck), and no later one resubscribes s. (With
+			// Reconnect this waiter then gets the connection's end.)
+		case tries+1 < giveUpDropTries:
+			// Refused: the server kept the subscription (X_INTERNAL: it
+			// could not drop it, and asks for the drop again later). Ask
+			// again after a backoff, for as long as cn lives; what it
+			// sends for s stays consumed meanwhile.
+			d := c.backoff(tries)
+			cn.tasks.Go(func() {
+				if c.opts.Sleep(cn.life, d) == nil {
+					s.dropAgain(cn, tries+1)
+				}
+			})
+		default:
+			// Refused every time: what the server still sends for s
+			// stays consumed for the rest of the connection.
 		}
-		c.mu.Lock()
-		delete(cn.gaveUp, sid)
-		c.mu.Unlock()
 	})
 	if err != nil {
 		return false
@@ -261,6 +289,18 @@ func (s *Subscription) giveUpOnLocked(cn *conn) bool {
 	}
 	cn.gaveUp[sid] = struct{}{}
 	return true
+}
+
+// dropAgain sends the drop of the given-up s on cn once more, after the
+// server refused the last one; tries drops were sent before.
+func (s *Subscription) dropAgain(cn *conn, tries int) {
+	c := s.c
+	c.mu.Lock()
+	post := s.giveUpOnLocked(cn, tries)
+	c.mu.Unlock()
+	if post {
+		s.postDrop(cn)
+	}
 }
 
 // postDrop queues the drop of the given-up s on cn, fire and forget:
