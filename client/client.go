@@ -115,6 +115,9 @@ type Options struct {
 	// The write queue holds at least 64 KiB (or twice BatchBytes) before
 	// Publish, PublishAsync, Mutate, Subscribe and Drop wait for the
 	// writer: the backpressure of a connection slower than its sender.
+	// Mutates a take-over holds (see the package doc, Reconnecting) are
+	// bounded the same way: once they fill that much, mutates wait for
+	// the take-over to send them.
 	BatchBytes int
 
 	// Logger receives debug logs (undecodable frames, connection end).

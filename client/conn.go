@@ -104,7 +104,7 @@ func (c *Client) connect(ctx context.Context, url string) (*conn, error) {
 		wake:     make(chan struct{}, 1),
 		closingc: make(chan struct{}),
 		qwake:    make(chan struct{}, 1),
-		qlimit:   max(minQueueBytes, 2*o.BatchBytes),
+		qlimit:   c.queueLimit(),
 		pending:  make(map[string][]subWaiter),
 	}
 	cn.life, cn.endLife = context.WithCancel(context.Background())

@@ -55,7 +55,9 @@
 // return for Close to return, and must not call Close, Publish, Mutate,
 // Subscribe or Drop on its own Client: they wait for the read goroutine,
 // which is busy running the callback. PublishAsync and Send are safe (also
-// while a take-over waits for this connection's acks: see Reconnecting).
+// while a take-over waits for this connection's acks, though a
+// PublishAsync past the bound of what a take-over holds then waits for
+// that wait to end: see Reconnecting).
 //
 // # Errors
 //
@@ -106,10 +108,15 @@
 //     takes the next seq and is held, not sent on the old connection (it
 //     would be in flight there as well as re-sent); it goes out on the
 //     new connection after the old one's unanswered mutates, in seq
-//     order, and is answered there (a Publish waits for that). If the new
-//     connection ends before it takes over, what was held goes on the old
-//     one, which stays current, after what it was sent. Subscribe and
-//     Drop meanwhile go to the old connection, and the take-over carries
+//     order, and is answered there (a Publish waits for that). What is
+//     held is bounded as the write queue is (see [Options.BatchBytes]):
+//     once it is full a mutate waits, as for a full queue, until the
+//     take-over sends what it holds (in a patch handler on the old
+//     connection, whose acks the take-over waits for, until that wait's
+//     10 s are up). If the new connection ends before it takes over,
+//     what was held goes on the old one, which stays current, after what
+//     it was sent. Subscribe and Drop meanwhile go to the old
+//     connection, and the take-over carries
 //     a new subscription over like any other, but not one being dropped:
 //     a Drop the old connection has not answered when the new one
 //     becomes current ends its subscription then and returns (its drop

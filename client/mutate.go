@@ -44,7 +44,9 @@ func (c *Client) Publish(ctx context.Context, topic string, data json.RawMessage
 // waits for the old connection's acks (see the package doc,
 // Reconnecting), PublishAsync returns once the mutate is recorded, without
 // waiting for either: it is sent, in seq order, once a connection can
-// take it, and done is called as above.
+// take it, and done is called as above. The mutates a take-over holds
+// count against the write queue's bound as queued ones do: once they fill
+// it, PublishAsync waits for the take-over to send them.
 //
 // ctx bounds only the wait for the send lock and for room in the write
 // queue (see [Options.BatchBytes]); a PublishAsync that fails on ctx used
@@ -133,20 +135,15 @@ const mutateRoom = 64
 // connection, is not an error: the mutation is re-sent on the next
 // connection. Nor is a take-over waiting for the old connection's acks:
 // the mutation is recorded but held, neither sent nor waited for, and the
-// take-over sends it (see takeOver).
+// take-over sends it (see takeOver); what is held counts against the
+// write queue's bound like what is queued.
 func (c *Client) sendMutate(ctx context.Context, encode func(key string, seq int64) ([]byte, error), fn func(*frames.Ack, error)) (*mutation, error) {
-	if err := c.lockSend(ctx); err != nil {
-		return nil, err
+	h, err := c.lockMutate(ctx)
+	if err != nil {
+		return nil, err // nothing recorded, the seq not used
 	}
 	defer c.unlockSend()
-	c.mu.Lock()
-	held := c.hold != nil // set and cleared under the send lock: it stays
-	c.mu.Unlock()
-	if !held {
-		if err := c.waitSendSpace(ctx); err != nil {
-			return nil, err // nothing recorded, the seq not used
-		}
-	}
+	held := h != nil
 
 	seq := c.seq
 	key := c.keyPrefix + strconv.FormatInt(seq, 10)
@@ -173,6 +170,7 @@ func (c *Client) sendMutate(ctx context.Context, encode func(key string, seq int
 	}
 	if held {
 		cn = nil // the take-over sends it after the old connection's answers
+		h.bytes += len(msg)
 	}
 	c.mutates[key] = m
 	// From here the seq counts as sent: a failed write ends the connection.
@@ -191,6 +189,41 @@ func (c *Client) sendMutate(ctx context.Context, encode func(key string, seq int
 	// A write that fails later ends the connection, which fails or
 	// re-sends the mutation in the same way.
 	return m, nil
+}
+
+// lockMutate takes the send lock for a mutate once there is room for it:
+// in the current connection's write queue or, while a take-over holds
+// mutates, among those held (queueLimit bytes), and returns the hold, or
+// nil. Room among the held comes only when the take-over sends them,
+// which needs the send lock: that wait is made without it.
+func (c *Client) lockMutate(ctx context.Context) (*mutateHold, error) {
+	for {
+		if err := c.lockSend(ctx); err != nil {
+			return nil, err
+		}
+		c.mu.Lock()
+		h := c.hold // set and cleared under the send lock: it stays
+		full := h != nil && h.bytes >= c.queueLimit()
+		c.mu.Unlock()
+		if h == nil {
+			if err := c.waitSendSpace(ctx); err != nil {
+				c.unlockSend()
+				return nil, err
+			}
+			return nil, nil
+		}
+		if !full {
+			return h, nil
+		}
+		c.unlockSend()
+		select {
+		case <-h.released:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-c.done:
+			return nil, c.Err()
+		}
+	}
 }
 
 // maxMessage returns the largest client message the latest connection's

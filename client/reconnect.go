@@ -287,6 +287,11 @@ func (c *Client) takeOver(ctx context.Context, old, next *conn, resumed Event) b
 	var adds []*Subscription
 	var was []addedFrom // adds[i] was at was[i] before, should next fail
 	c.mu.Lock()
+	if h != nil {
+		// Senders waiting for room among the held try again, once they
+		// have the send lock: after what is held has gone out below.
+		close(h.released)
+	}
 	c.hold = nil // under the send lock until it is released below
 	for _, s := range c.subs {
 		if s.abandoned || s.dropping {
@@ -489,6 +494,8 @@ type mutateHold struct {
 	seq      int64         // the first seq held: every one below it was sent on old
 	left     int           // of those, how many are unanswered
 	answered chan struct{} // closed when left reaches 0
+	bytes    int           // of the mutates held; at queueLimit senders wait for released
+	released chan struct{} // closed when the take-over stops holding
 }
 
 // holdMutates starts holding new mutates while old answers its unanswered
@@ -502,7 +509,7 @@ func (c *Client) holdMutates(old *conn) *mutateHold {
 	}
 	// Every mutate recorded has a lower seq, and old, current, was sent
 	// all of them (or a take-over re-sent them there).
-	c.hold = &mutateHold{seq: c.seq, left: len(c.mutates), answered: make(chan struct{})}
+	c.hold = &mutateHold{seq: c.seq, left: len(c.mutates), answered: make(chan struct{}), released: make(chan struct{})}
 	return c.hold
 }
 

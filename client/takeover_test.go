@@ -138,6 +138,54 @@ func TestReconnect_TakeOver_FailsWhileWaiting(t *testing.T) {
 	}
 }
 
+// Mutates held while a take-over waits for the old connection's acks
+// count against the write queue's bound, as queued ones do: once what is
+// held fills it, a PublishAsync waits (here until its ctx ends, using no
+// seq) until the take-over sends what it holds.
+func TestReconnect_TakeOver_HeldMutatesWaitForRoom(t *testing.T) {
+	ctx, rec, c, s, sc1 := startScripted(t)
+	acked := make(chan error, 16)
+	done := func(_ string, err error) { acked <- err }
+	noErr(t, c.PublishAsync(ctx, "p:t", json.RawMessage(`0`), done))
+	m0 := expect[*frames.Mutate](t, sc1)
+	sc1.send(t, &frames.Reconnect{AfterMs: 0, Reason: frames.ReasonDrain})
+	sc2 := s.next(t)
+	waitEvents(t, rec, client.EventConnected, 1) // the take-over waits for m0's ack
+
+	// 16 KiB each: the fifth is over the 64 KiB bound.
+	data := json.RawMessage(`"` + strings.Repeat("x", 16<<10) + `"`)
+	pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	held := 0
+	for ; held < 8; held++ {
+		if err := c.PublishAsync(pctx, "p:t", data, done); err != nil {
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("PublishAsync %d: %v, want context.DeadlineExceeded", held, err)
+			}
+			break
+		}
+	}
+	if held != 4 {
+		t.Fatalf("%d PublishAsync calls held during the take-over, want 4 (64 KiB)", held)
+	}
+
+	// Once m0 is answered the take-over sends what it held, in seq
+	// order; the one that gave up used no seq.
+	sc1.send(t, &frames.Ack{Ref: m0.Key})
+	for i := range held {
+		m := expect[*frames.Mutate](t, sc2)
+		equal(t, "held seq", m.Seq, m0.Seq+1+int64(i))
+		sc2.send(t, &frames.Ack{Ref: m.Key})
+	}
+	noErr(t, c.PublishAsync(ctx, "p:t", data, done))
+	m := expect[*frames.Mutate](t, sc2)
+	equal(t, "seq after the held ones", m.Seq, m0.Seq+1+int64(held))
+	sc2.send(t, &frames.Ack{Ref: m.Key})
+	for range held + 2 {
+		noErr(t, recv(t, ctx, acked))
+	}
+}
+
 // A Drop made while a take-over waits for the old connection's acks goes
 // to the old connection, which the take-over then replaces, stopping its
 // writes: a drop still queued there is never sent, and its ack never

@@ -87,6 +87,12 @@ const (
 // senders wait for the writer (see conn.qlimit).
 const minQueueBytes = 64 << 10
 
+// queueLimit is how many bytes a connection's write queue, or a
+// take-over's held mutates (mutateHold), hold before senders wait.
+func (c *Client) queueLimit() int {
+	return max(minQueueBytes, 2*c.opts.BatchBytes)
+}
+
 // errReplaced fails what was still queued on a connection that another
 // has taken over from.
 var errReplaced = errors.New("client: connection replaced by a newer one")

@@ -51,7 +51,7 @@ func writerConn(t *testing.T, url string, batchBytes int) *conn {
 	t.Cleanup(func() { ws.CloseNow() })
 	o := cloneWithDefaults(&Options{BatchBytes: batchBytes})
 	cn := &conn{c: &Client{opts: o}, ws: ws, closingc: make(chan struct{}), helloc: make(chan struct{}),
-		qwake: make(chan struct{}, 1), qlimit: max(minQueueBytes, 2*o.BatchBytes)}
+		qwake: make(chan struct{}, 1), qlimit: (&Client{opts: o}).queueLimit()}
 	cn.batchLimit.Store(int64(o.BatchBytes))
 	return cn
 }
