@@ -366,7 +366,16 @@ func (s *session) closeWith(r closeReason) {
 	// peer that cut the connection would never send it.
 	stopPing := s.q.pingStop
 	s.q.mu.Unlock()
-	if stopPing != nil {
+	switch {
+	case stopPing == nil:
+	case r.sendsCloseFrame():
+		// The peer may be alive and owed a close frame: a live one
+		// answers the ping within a round trip, and the writer goes on
+		// to the close then. Cancelled at once, the ping could still be
+		// writing its frame, and coder/websocket would then cut the
+		// connection: no close frame (see session.ping).
+		time.AfterFunc(pingStopDelay, stopPing)
+	default:
 		stopPing() // after q.mu: it takes the context's own locks
 	}
 	s.closing.Store(true) // before the pool's turn, which holds no closing session

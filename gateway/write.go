@@ -635,23 +635,29 @@ func (s *session) pingTick() {
 	}
 }
 
+// pingStopDelay is how long after a close that sends a close frame the
+// writer's wait for a pong is ended (see session.ping).
+const pingStopDelay = time.Second
+
 // ping waits up to PongTimeout for a pong. A late pong is forgiven when
 // messages kept arriving meanwhile: a client busy publishing can have its
 // pong stuck behind its own backpressured writes.
 //
 // A session that closes meanwhile (a cut the reader saw, Shutdown, a
 // drain slot) ends the wait: closeWith cancels the ping's ctx
-// (q.pingStop), so the writer goes on to the close at once rather than
-// after PongTimeout, and run, its unsubscribes and Shutdown do not wait
-// for a pong that a cut peer will never send. Ping then fails with
+// (q.pingStop), so the writer goes on to the close rather than after
+// PongTimeout, and run, its unsubscribes and Shutdown do not wait for a
+// pong that a cut peer will never send. Ping then fails with
 // context.Canceled (see pingFailed). A cancel that lands while the ping
-// frame itself is being written makes coder/websocket close the
-// connection (its write-timeout hook): a write it cuts short returns only
-// once the connection is closed, so nothing follows part of a frame (the
-// close's writes fail with net.ErrClosed), and the reason stays
-// closeWith's. The
-// cancel is made once per ping, that is at most once per PingInterval of
-// the peer's silence; nothing is added per frame.
+// frame itself is being written (up to the library's last step of the
+// write) makes coder/websocket close the connection (its write-timeout
+// hook), so no close frame can follow. For a close without a close frame
+// (the peer cut the connection, or closed it) that is no loss, and the
+// cancel is made at once; for one with a close frame it is made
+// pingStopDelay later, when the write is long over (a live peer has
+// answered by then, and the writer gone on to the close). The cancel
+// is made once per ping, that is at most once per PingInterval of the
+// peer's silence; nothing is added per frame.
 func (s *session) ping(ctx context.Context) error {
 	start := s.srv.cfg.Now().UnixNano()
 	ctx, cancel := context.WithTimeout(ctx, s.srv.cfg.PongTimeout)
