@@ -14,6 +14,7 @@ import (
 // maintStats counts what a maintenance pass did.
 type maintStats struct {
 	pruned, producers, expired, cleared int
+	corrupt                             int // streams skipped: meta does not decode
 }
 
 // maintainLoop asks the writer for a maintenance pass every
@@ -37,7 +38,7 @@ func (db *DB) maintainLoop() {
 			continue
 		}
 		if r.err != nil {
-			db.log.Warn("storage: maintenance step failed; retrying next tick", "err", r.err)
+			db.log.Warn("storage: maintenance step failed; retrying next tick", "err", r.err, "streams_corrupt", r.maint.corrupt)
 		} else if s := *r.maint; s != (maintStats{}) {
 			db.log.Debug("storage: maintenance", "pruned", s.pruned, "producers_expired", s.producers, "streams_expired", s.expired, "records_cleared", s.cleared)
 		}
@@ -66,6 +67,14 @@ func (b *batch1) maintain(r *request) error {
 	db.mu.Unlock()
 	for _, id := range ids {
 		ws, err := b.byID(id)
+		if errors.Is(err, errCorruptMeta) {
+			// Damaged since the read or Wait that renewed it: nothing
+			// to persist it in. The scan below reports it.
+			db.mu.Lock()
+			delete(db.access, id)
+			db.mu.Unlock()
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -92,6 +101,7 @@ func (b *batch1) maintain(r *request) error {
 			if r.err == nil {
 				r.err = fmt.Errorf("stream id %d: %w", id, err)
 			}
+			r.maint.corrupt++
 			continue
 		}
 		if err != nil {
