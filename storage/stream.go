@@ -10,7 +10,8 @@ import (
 // Create creates stream name with configuration o, or checks that an
 // existing live stream has the same configuration (see [CreateOptions]):
 // created reports which. info describes the stream either way. The name
-// of an expired stream is free: Create makes a fresh stream there.
+// of an expired stream is free: Create makes a fresh stream there, and
+// removes the expired one only then (a refused Create changes nothing).
 //
 // Errors: [ErrBadRequest] for a bad name, both TTL and ExpiresAt, a
 // malformed fork offset, a fork offset beyond the source's tail or a bad
@@ -71,9 +72,10 @@ func recordBytes(recs [][]byte) int64 {
 
 // Delete deletes stream name. A stream that forks still read is
 // soft-deleted: it reads as [ErrGone] and is removed with its last fork.
-// A missing or expired stream is [ErrNotFound], a soft-deleted one
-// [ErrGone]. Its records are removed in the background, in bounded
-// batches; the name is free at once.
+// A missing or expired stream is [ErrNotFound] (an expired one is left
+// to the maintenance pass), a soft-deleted one [ErrGone]. Its records are
+// removed in the background, in bounded batches; the name is free at
+// once.
 func (db *DB) Delete(ctx context.Context, name string) error {
 	if err := db.begin(ctx, name); err != nil {
 		return err

@@ -727,13 +727,12 @@ func (b *batch1) applyDelete(r *request) error {
 		r.err = fmt.Errorf("%w: %q", ErrNotFound, r.name)
 		return nil
 	}
-	switch b.db.state(&ws.m, b.now) {
-	case stGone:
-		r.err = stateErr(stGone, r.name)
+	if st := b.db.state(&ws.m, b.now); st != stLive {
+		// An expired stream is left to the maintenance pass: a refused
+		// request changes nothing, and removing it would release its
+		// fork source (and perhaps remove that too).
+		r.err = stateErr(st, r.name)
 		return nil
-	case stMissing:
-		r.err = stateErr(stMissing, r.name)
-		return b.remove(ws)
 	}
 	if ws.m.Forks > 0 {
 		ws.m.Deleted = true
@@ -794,15 +793,14 @@ func (b *batch1) applyCreate(r *request) error {
 	if err != nil {
 		return refuseUndecodable(r, err)
 	}
+	var expired *wstream // at r.name, removed once the Create is admitted
 	if ws != nil {
 		switch b.db.state(&ws.m, b.now) {
 		case stGone:
 			r.err = fmt.Errorf("%w: %q is deleted but still read by forks", ErrConflict, r.name)
 			return nil
 		case stMissing:
-			if err := b.remove(ws); err != nil {
-				return err
-			}
+			expired = ws
 		default:
 			if !b.sameConfig(&ws.m, o) {
 				r.err = fmt.Errorf("%w: %q", ErrConflict, r.name)
@@ -887,6 +885,15 @@ func (b *batch1) applyCreate(r *request) error {
 	}
 	if m.ContentType == "" {
 		m.ContentType = defaultContentType
+	}
+	// Admitted: only now is the expired stream removed, so that a
+	// refused Create changes nothing. Its removal cannot reach src, or
+	// anything src reads: src is live, so it and its sources each keep a
+	// fork (remove releases only streams left with none).
+	if expired != nil {
+		if err := b.remove(expired); err != nil {
+			return err
+		}
 	}
 	id, err := b.metas.NextSequence()
 	if err != nil {
