@@ -288,6 +288,37 @@ func TestDB_TTL(t *testing.T) {
 	wantErr(t, "source after its fork expired", err, storage.ErrNotFound)
 }
 
+// ttlLeftOf returns Head's TTLLeft of stream name.
+func ttlLeftOf(t *testing.T, db *storage.DB, name string) time.Duration {
+	t.Helper()
+	in, err := db.Head(t.Context(), name)
+	if err != nil {
+		t.Fatalf("Head(%q): %v", name, err)
+	}
+	return in.TTLLeft
+}
+
+// waitHeld starts a Wait on stream name, whose sliding TTL is ttl, and
+// returns once it holds the TTL: half the TTL later (on clk) Head shows
+// all of it left, which only a renewal since can do. The Wait's error
+// comes on the channel; cancel ends it (t's cleanup does too).
+func waitHeld(t *testing.T, db *storage.DB, clk *clock, name string, ttl time.Duration) (<-chan error, context.CancelFunc) {
+	t.Helper()
+	wctx, cancel := context.WithCancel(t.Context())
+	t.Cleanup(cancel)
+	ch := make(chan error, 1)
+	go func() { ch <- db.Wait(wctx, name, storage.ZeroOffset) }()
+	clk.Advance(ttl / 2)
+	deadline := time.Now().Add(5 * time.Second)
+	for ttlLeftOf(t, db, name) != ttl {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: with a Wait blocked on it, Head's TTLLeft = %v, want the whole TTL (%v)", name, ttlLeftOf(t, db, name), ttl)
+		}
+		time.Sleep(time.Millisecond) // polling, not synchronisation
+	}
+	return ch, cancel
+}
+
 // TestDB_Wait_KeepsTTL: a stream with a sliding TTL does not expire while
 // a Wait is blocked on it, however long; its TTL runs again from when the
 // Wait returns, and the maintenance pass persists the renewal as it does
@@ -299,41 +330,14 @@ func TestDB_Wait_KeepsTTL(t *testing.T) {
 	db := openDB2(t, path, opts)
 	ctx := t.Context()
 	const ttl = 10 * time.Second
-	ttlLeft := func(name string) time.Duration {
-		t.Helper()
-		in, err := db.Head(ctx, name)
-		if err != nil {
-			t.Fatalf("Head(%q): %v", name, err)
-		}
-		return in.TTLLeft
-	}
-	// waitHeld starts a Wait on name and returns once it holds the TTL:
-	// half the TTL later (on the clock) Head shows all of it left, which
-	// only a renewal since can do.
-	waitHeld := func(name string) (<-chan error, context.CancelFunc) {
-		t.Helper()
-		wctx, cancel := context.WithCancel(ctx)
-		t.Cleanup(cancel)
-		ch := make(chan error, 1)
-		go func() { ch <- db.Wait(wctx, name, storage.ZeroOffset) }()
-		clk.Advance(ttl / 2)
-		deadline := time.Now().Add(5 * time.Second)
-		for ttlLeft(name) != ttl {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: with a Wait blocked on it, Head's TTLLeft = %v, want the whole TTL (%v)", name, ttlLeft(name), ttl)
-			}
-			time.Sleep(time.Millisecond) // polling, not synchronisation
-		}
-		return ch, cancel
-	}
 
 	mustCreate(t, db, "s", storage.CreateOptions{TTL: ttl})
 	mustCreate(t, db, "idle", storage.CreateOptions{TTL: ttl})
-	ch, cancel := waitHeld("s")
+	ch, cancel := waitHeld(t, db, clk, "s", ttl)
 	clk.Advance(3 * ttl)
 	_, err := db.Head(ctx, "idle")
 	wantErr(t, "a stream no one waits on", err, storage.ErrNotFound)
-	if got := ttlLeft("s"); got != ttl {
+	if got := ttlLeftOf(t, db, "s"); got != ttl {
 		t.Fatalf("TTLLeft %v after 3.5 TTLs of waiting, want %v", got, ttl)
 	}
 	if _, err := db.Read(ctx, "s", storage.ZeroOffset, 0); err != nil {
@@ -342,7 +346,7 @@ func TestDB_Wait_KeepsTTL(t *testing.T) {
 	cancel()
 	wantErr(t, "Wait", <-ch, context.Canceled)
 	clk.Advance(ttl - time.Second)
-	if got := ttlLeft("s"); got != time.Second {
+	if got := ttlLeftOf(t, db, "s"); got != time.Second {
 		t.Fatalf("TTLLeft %v a TTL less 1s after the Wait returned, want 1s", got)
 	}
 	clk.Advance(time.Second)
@@ -352,14 +356,14 @@ func TestDB_Wait_KeepsTTL(t *testing.T) {
 	// The renewal of a Wait still blocked is persisted by the maintenance
 	// pass, and survives a restart (the Wait's own end, at Close, is not).
 	mustCreate(t, db, "p", storage.CreateOptions{TTL: ttl})
-	ch, _ = waitHeld("p")
+	ch, _ = waitHeld(t, db, clk, "p", ttl)
 	clk.Advance(3 * ttl)
 	maintain(t, db)
 	db.Close()
 	wantErr(t, "Wait at Close", <-ch, storage.ErrClosedDB)
 	db = openDB2(t, path, opts)
 	clk.Advance(ttl - time.Second)
-	if got := ttlLeft("p"); got != time.Second {
+	if got := ttlLeftOf(t, db, "p"); got != time.Second {
 		t.Fatalf("TTLLeft %v after restart, want 1s", got)
 	}
 

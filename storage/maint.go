@@ -46,10 +46,10 @@ func (db *DB) maintainLoop() {
 }
 
 // maintain runs one maintenance pass inside the writer's transaction:
-// persist access times renewed by reads and by blocked Waits, remove
-// expired streams, prune by retention, expire idle producers, clear
-// removed streams' records. Each step's work per stream is bounded by
-// PruneBatch.
+// persist access times renewed by reads and by blocked Waits (once they
+// move by TTL/renewalStep), remove expired streams, prune by retention,
+// expire idle producers, clear removed streams' records. Each step's
+// work per stream is bounded by PruneBatch.
 func (b *batch1) maintain(r *request) error {
 	db := b.db
 	// Renewals: load those streams so flush persists their access (a
@@ -78,13 +78,20 @@ func (b *batch1) maintain(r *request) error {
 		if err != nil {
 			return err
 		}
-		if ws != nil {
-			ws.dirty = true
+		if ws == nil || ws.m.TTL <= 0 {
+			db.mu.Lock()
+			delete(db.access, id) // the stream is gone, or has no sliding TTL
+			db.mu.Unlock()
 			continue
 		}
-		db.mu.Lock()
-		delete(db.access, id) // the stream is gone
-		db.mu.Unlock()
+		// Written only once the renewal moves the expiry by a tenth of
+		// the TTL: a stream a Wait holds is renewed to now at every pass,
+		// and rewriting its meta each time (a page write per stream per
+		// pass) would buy a restart a few seconds of TTL. An unwritten
+		// renewal stays in memory (lastAccess), so the TTL still slides.
+		if db.lastAccess(&ws.m, b.nowNs)-ws.m.Access >= int64(ws.m.TTL/renewalStep) {
+			ws.dirty = true
+		}
 	}
 
 	ids = ids[:0]
@@ -153,6 +160,11 @@ func (b *batch1) maintain(r *request) error {
 	}
 	return nil
 }
+
+// renewalStep: the maintenance pass persists a sliding TTL's renewal
+// once it moves the expiry by TTL/renewalStep or more. A crash loses at
+// most that much renewal, plus one MaintenanceInterval.
+const renewalStep = 10
 
 // prune removes ws's oldest appends beyond its retention, at most
 // PruneBatch records.

@@ -165,8 +165,9 @@ func (db *DB) begin(ctx context.Context, name string) error {
 // (maxBytes <= 0 means 1 MiB), each counted as its length plus
 // ReadRecordCost. It renews a sliding TTL, also when nothing
 // is returned; the renewal is kept in memory and persisted with the next
-// write or maintenance pass, so a crash may lose up to one maintenance
-// interval of renewal.
+// write of the stream, or by the first maintenance pass at which it moves
+// the expiry by a tenth of the TTL or more, so a crash may lose up to a
+// tenth of the TTL plus one maintenance interval of renewal.
 //
 // Errors: an offset beyond the tail or malformed wraps [ErrBadRequest],
 // one pruned by retention [ErrGone], a missing or expired stream
