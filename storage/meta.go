@@ -305,6 +305,8 @@ func (p *prodState) encode(b []byte) []byte {
 
 var errCorruptProducer = fmt.Errorf("%w: a producer state", ErrCorrupt)
 
+// decodeProd decodes producer state b into p; with p nil it only checks
+// that b decodes (prodDecodes).
 func decodeProd(b []byte, p *prodState) error {
 	var vals [4]uint64
 	for i := range vals {
@@ -324,13 +326,15 @@ func decodeProd(b []byte, p *prodState) error {
 		vals[i] = v
 		b = b[n:]
 	}
-	p.epoch, p.lastSeq, p.used = int64(vals[0]), int64(vals[1]), int64(vals[2])
 	cnt := int(vals[3])
-	if cnt > ringSize {
+	if vals[3] > ringSize {
 		return errCorruptProducer
 	}
-	p.ring = make([]ringEnt, 0, ringSize)
-	prevSeq, prevPos := p.lastSeq, uint64(0)
+	if p != nil {
+		p.epoch, p.lastSeq, p.used = int64(vals[0]), int64(vals[1]), int64(vals[2])
+		p.ring = make([]ringEnt, 0, ringSize)
+	}
+	prevSeq, prevPos := int64(vals[1]), uint64(0)
 	for i := 0; i < cnt; i++ {
 		ds, n := binary.Uvarint(b)
 		if n <= 0 {
@@ -348,11 +352,17 @@ func decodeProd(b []byte, p *prodState) error {
 		} else {
 			e.pos = prevPos - dp
 		}
-		p.ring = append(p.ring, e)
+		if p != nil {
+			p.ring = append(p.ring, e)
+		}
 		prevSeq, prevPos = e.seq, e.pos
 	}
 	return nil
 }
+
+// prodDecodes reports whether b is a producer state that decodes, without
+// keeping it (no allocation).
+func prodDecodes(b []byte) bool { return decodeProd(b, nil) == nil }
 
 // Record values: one flag byte, then for the first record of an append
 // the append's time (8 bytes, big-endian Unix ns, used by MaxAge

@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"math/rand/v2"
@@ -97,6 +98,42 @@ func Test_metaCodec(t *testing.T) {
 		got = meta{}
 		if err := decodeMeta(j, &got); err != nil || !sameMeta(m, got) {
 			t.Fatalf("case %d: JSON: %v\n%+v\n%+v", n, err, m, got)
+		}
+	}
+}
+
+// Test_prodCodec: producer states round-trip; a truncated one, or one
+// whose ring length is over ringSize however large (a length that
+// overflowed int used to pass as an empty ring), does not decode, and
+// prodDecodes, which the maintenance pass and eviction use to keep such
+// states, agrees with decodeProd.
+func Test_prodCodec(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 0))
+	for n := range 500 {
+		var p prodState
+		p.epoch, p.lastSeq, p.used = rng.Int64N(1<<40), rng.Int64N(1<<40)+ringSize, rng.Int64()-rng.Int64()
+		pos := rng.Uint64N(1 << 40)
+		for i := range rng.IntN(ringSize + 1) {
+			p.ring = append(p.ring, ringEnt{seq: p.lastSeq - int64(i), pos: pos - uint64(i)})
+		}
+		b := p.encode(nil)
+		var got prodState
+		if err := decodeProd(b, &got); err != nil || !prodDecodes(b) || got.epoch != p.epoch || got.lastSeq != p.lastSeq || got.used != p.used || len(got.ring) != len(p.ring) || (len(p.ring) > 0 && !reflect.DeepEqual(got.ring, p.ring)) {
+			t.Fatalf("case %d: round trip: %v\n%+v\n%+v", n, err, p, got)
+		}
+		for cut := range len(b) {
+			if err := decodeProd(b[:cut], &got); !errors.Is(err, errCorruptProducer) || prodDecodes(b[:cut]) {
+				t.Fatalf("case %d: %d of %d bytes decoded: %v", n, cut, len(b), err)
+			}
+		}
+	}
+	for _, ringLen := range []uint64{ringSize + 1, 1 << 62, 1 << 63, 1<<64 - 1} {
+		b := binary.AppendUvarint([]byte{0, 0, 0}, ringLen)
+		var got prodState
+		if err := decodeProd(b, &got); !errors.Is(err, errCorruptProducer) || prodDecodes(b) {
+			t.Fatalf("ring length %d: %v; want errCorruptProducer", ringLen, err)
 		}
 	}
 }
