@@ -134,7 +134,9 @@ type Info struct {
 //
 // A producer idle for [Options].ProducerTTL or longer, or forgotten to keep
 // its stream within [Options].MaxProducersPerStream, is an unknown ID
-// again.
+// again. One whose stored state does not decode is never forgotten: its
+// appends are refused with [ErrCorrupt] while the stream lives, so that a
+// retry cannot be appended twice.
 //
 // AllowGap relaxes the "must be 0" and "must be lastSeq+1" rules to
 // "greater than lastSeq" (any Seq for an unknown ID or a new epoch). The
@@ -250,7 +252,7 @@ var (
 	ErrBadRequest  = errors.New("storage: bad request")                              // 400: bad name, offset, sub-offset, options, fork depth
 	ErrTooLarge    = errors.New("storage: append too large")                         // 413
 	ErrFailed      = errors.New("storage: store failed")                             // a commit or fsync failed; the DB refuses everything after
-	ErrCorrupt     = errors.New("storage: stored data does not decode")              // a stream's meta or a producer's state (a damaged file, another binary's format): that stream's requests are refused, the DB goes on
+	ErrCorrupt     = errors.New("storage: stored data does not decode")              // a stream's meta or a producer's state (a damaged file, another binary's format): that stream's requests, or that producer's appends (for good: its state is never forgotten), are refused, the DB goes on
 	ErrClosedDB    = errors.New("storage: database closed")
 )
 

@@ -2,6 +2,7 @@ package storage_test
 
 import (
 	"errors"
+	"fmt"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -130,4 +131,67 @@ func key8(n uint64) []byte {
 		k[7-i] = byte(n >> (8 * i))
 	}
 	return k[:]
+}
+
+// TestDB_DamagedProducerStateIsKept: a producer state that does not
+// decode is refused (ErrCorrupt) for good: neither the maintenance pass
+// nor the producer bound's eviction deletes it, whatever the last use it
+// seems to hold. Both used to (it sorted as the oldest), after which the
+// producer was unknown, and its retry of an append the stream already
+// holds, at seq 0, was appended again: a duplicate no one was told of.
+func TestDB_DamagedProducerStateIsKept(t *testing.T) {
+	clk := newClock()
+	path := filepath.Join(t.TempDir(), "log.db")
+	opts := &storage.Options{NoSync: true, Now: clk.Now, ProducerTTL: time.Hour}
+	db := openDB2(t, path, opts)
+	s := mustCreate(t, db, "s", storage.CreateOptions{})
+	for _, p := range []string{"bad", "badring", "idle"} {
+		mustAppend(t, db, "s", storage.AppendRequest{Records: rec(p), Producer: &storage.Producer{ID: p}})
+	}
+	db.Close()
+	damage(t, path, func(tx *bolt.Tx) error {
+		pb := tx.Bucket([]byte("prods")).Bucket(key8(s.ID))
+		if err := pb.Put([]byte("bad"), []byte{0xff}); err != nil {
+			return err
+		}
+		// Epoch 0, seq 0, last use 0 (long past ProducerTTL), then a
+		// ring of 200 entries: over its 64, so it does not decode.
+		return pb.Put([]byte("badring"), []byte{0, 0, 0, 200, 1})
+	})
+	refused := func(what string) {
+		t.Helper()
+		for _, p := range []string{"bad", "badring"} {
+			_, err := db.Append(t.Context(), "s", storage.AppendRequest{Records: rec(p), Producer: &storage.Producer{ID: p}})
+			if !errors.Is(err, storage.ErrCorrupt) || errors.Is(err, storage.ErrFailed) {
+				t.Fatalf("%s: producer %q, whose state does not decode, retries seq 0: %v; want it refused with ErrCorrupt", what, p, err)
+			}
+		}
+	}
+
+	o := *opts
+	o.MaxProducersPerStream = 4
+	db = openDB2(t, path, &o)
+	refused("before maintenance")
+	clk.Advance(2 * time.Hour)
+	if err := db.MaintainForTest(t.Context()); err != nil && (!errors.Is(err, storage.ErrCorrupt) || errors.Is(err, storage.ErrFailed)) {
+		t.Fatalf("maintenance: %v; want nil or ErrCorrupt, not a failed DB", err)
+	}
+	refused("after maintenance")
+	wantStates(t, db, "s", 2) // the idle one expired, the damaged two kept
+
+	// Past the bound (4), the least recently used state that decodes goes.
+	for i := range 3 {
+		clk.Advance(time.Second)
+		if _, err := prodAppend(db, "s", fmt.Sprint("n", i), 0, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantStates(t, db, "s", 4)
+	refused("after an eviction")
+	if r, err := prodAppend(db, "s", "n0", 0, 0); err != nil || r.Duplicate {
+		t.Fatalf("n0, the least recently used state that decodes, retries seq 0: %+v, %v; want it forgotten (appended)", r, err)
+	}
+	if got := content(t, db, "s"); got != "badbadringidlen0n1n2n0" {
+		t.Fatalf("stream holds %q; want no append by a producer whose state does not decode", got)
+	}
 }

@@ -15,6 +15,7 @@ import (
 type maintStats struct {
 	pruned, producers, expired, cleared int
 	corrupt                             int // streams skipped: meta does not decode
+	corruptProducers                    int // producer states kept that do not decode
 }
 
 // maintainLoop asks the writer for a maintenance pass every
@@ -38,7 +39,7 @@ func (db *DB) maintainLoop() {
 			continue
 		}
 		if r.err != nil {
-			db.log.Warn("storage: maintenance step failed; retrying next tick", "err", r.err, "streams_corrupt", r.maint.corrupt)
+			db.log.Warn("storage: maintenance step failed; retrying next tick", "err", r.err, "streams_corrupt", r.maint.corrupt, "producers_corrupt", r.maint.corruptProducers)
 		} else if s := *r.maint; s != (maintStats{}) {
 			db.log.Debug("storage: maintenance", "pruned", s.pruned, "producers_expired", s.producers, "streams_expired", s.expired, "records_cleared", s.cleared)
 		}
@@ -130,10 +131,19 @@ func (b *batch1) maintain(r *request) error {
 			return err
 		}
 		r.maint.pruned += n
-		if n, err = b.expireProducers(ws); err != nil {
+		kept := 0
+		if n, kept, err = b.expireProducers(ws); err != nil {
 			return err
 		}
 		r.maint.producers += n
+		if kept > 0 {
+			// Kept, and refused on use, for good (see expireProducers):
+			// logged at each pass, as a meta that does not decode is.
+			if r.err == nil {
+				r.err = fmt.Errorf("stream %q: %d producer states kept: %w", m.Name, kept, errCorruptProducer)
+			}
+			r.maint.corruptProducers += kept
+		}
 	}
 
 	ids = ids[:0]
@@ -216,11 +226,18 @@ func (b *batch1) prune(ws *wstream) (int, error) {
 
 // expireProducers deletes ws's producers idle for ProducerTTL or longer,
 // at most PruneBatch, and keeps the bucket's count of them (producers.go)
-// right: exact when the walk saw every key.
-func (b *batch1) expireProducers(ws *wstream) (int, error) {
+// right: exact when the walk saw every key. It returns how many it
+// deleted, and how many states it kept because they do not decode.
+//
+// A state that does not decode is never deleted: its producer's appends
+// are refused (ErrCorrupt) until the stream is deleted. Forgetting it
+// would make the producer unknown, and its retry at seq 0 of an append
+// the stream holds would be appended again, silently. Its last use
+// cannot be trusted either, even when it reads as idle.
+func (b *batch1) expireProducers(ws *wstream) (deleted, kept int, err error) {
 	pb := b.prods.Bucket(key8(ws.m.ID))
 	if pb == nil {
-		return 0, nil
+		return 0, 0, nil
 	}
 	limit := b.nowNs - int64(b.db.opts.ProducerTTL)
 	var keys [][]byte
@@ -233,10 +250,16 @@ func (b *batch1) expireProducers(ws *wstream) (int, error) {
 			continue
 		}
 		// Only the last use matters here: prodUsed reads it without
-		// decoding the state's history (a corrupt state sorts first).
-		if prodUsed(v) <= limit { // idle for ProducerTTL or more, as the append path forgets
-			keys = append(keys, append([]byte(nil), k...))
+		// decoding the state's history; only a state that goes is
+		// decoded whole, to keep one that does not decode.
+		if prodUsed(v) > limit { // used within ProducerTTL, as the append path keeps
+			continue
 		}
+		if !prodDecodes(v) {
+			kept++
+			continue
+		}
+		keys = append(keys, append([]byte(nil), k...))
 	}
 	n, was := pb.Sequence(), pb.Sequence()
 	switch {
@@ -247,16 +270,16 @@ func (b *batch1) expireProducers(ws *wstream) (int, error) {
 	}
 	for _, k := range keys {
 		if err := pb.Delete(k); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		delete(ws.prods, string(k))
 	}
 	if n != was {
 		if err := pb.SetSequence(n); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 	}
-	return len(keys), nil
+	return len(keys), kept, nil
 }
 
 // clear deletes up to budget records of removed stream id, and its

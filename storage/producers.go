@@ -68,8 +68,11 @@ func countKeys(pb *bolt.Bucket) uint64 {
 // recounts it, so a count that drifted is corrected (and nothing is
 // deleted if the true count is within limit). States the current
 // transaction changed are never deleted: they are the newest, and their
-// appends were admitted in it. A state that does not decode is deleted
-// first, as the maintenance pass would.
+// appends were admitted in it. Nor is a state that does not decode, as
+// the maintenance pass keeps it (expireProducers): the states that go
+// are decoded whole first, and when one does not, the walks run again
+// without it (a damaged file only), so the stream may keep more than
+// limit - limit/10 when many do not decode.
 //
 // The first walk keeps only uses, which sort fast; the second copies the
 // few keys that go, in key order, which is also the cheapest order to
@@ -78,52 +81,69 @@ func countKeys(pb *bolt.Bucket) uint64 {
 // faster within the noise, for more code (BenchmarkDB_ProducerEviction,
 // docs/benchmarks.md).
 func (b *batch1) evictProducers(ws *wstream, pb *bolt.Bucket, count, limit uint64) (uint64, error) {
-	inTx := func(k []byte) bool {
+	var damaged map[string]bool // found not to decode: kept
+	keep := func(k []byte) bool {
 		pe, ok := ws.prods[string(k)]
-		return ok && pe.dirty
+		return (ok && pe.dirty) || damaged[string(k)]
 	}
 	var n uint64
-	used := make([]int64, 0, min(count, 1<<20))
+	var keys [][]byte
 	c := pb.Cursor()
-	for k, v := c.First(); k != nil; k, v = c.Next() {
-		n++
-		if !inTx(k) {
-			used = append(used, prodUsed(v))
+	for {
+		n = 0
+		used := make([]int64, 0, min(count, 1<<20))
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			n++
+			if u := prodUsed(v); !keep(k) && u != minUsed { // minUsed: does not decode
+				used = append(used, u)
+			}
 		}
-	}
-	if n <= limit {
-		return n, nil
-	}
-	evict := min(n-(limit-limit/10), uint64(len(used)))
-	if evict == 0 {
-		return n, nil
-	}
-	// Every state used before the evict-th oldest use goes, and as many
-	// used at that instant as make up the number, in key order.
-	slices.Sort(used)
-	cut := used[evict-1]
-	atCut := evict
-	for _, u := range used[:evict] {
-		if u < cut {
-			atCut--
+		if n <= limit {
+			return n, nil
 		}
-	}
-	keys := make([][]byte, 0, evict)
-	for k, v := c.First(); k != nil && uint64(len(keys)) < evict; k, v = c.Next() {
-		if inTx(k) {
-			continue
+		evict := min(n-(limit-limit/10), uint64(len(used)))
+		if evict == 0 {
+			return n, nil
 		}
-		u := prodUsed(v)
-		if u > cut {
-			continue
+		// Every state used before the evict-th oldest use goes, and as
+		// many used at that instant as make up the number, in key order.
+		slices.Sort(used)
+		cut := used[evict-1]
+		atCut := evict
+		for _, u := range used[:evict] {
+			if u < cut {
+				atCut--
+			}
 		}
-		if u == cut {
-			if atCut == 0 {
+		found := len(damaged)
+		keys = make([][]byte, 0, evict)
+		for k, v := c.First(); k != nil && uint64(len(keys)) < evict; k, v = c.Next() {
+			if keep(k) {
 				continue
 			}
-			atCut--
+			u := prodUsed(v)
+			if u > cut || u == minUsed {
+				continue
+			}
+			if !prodDecodes(v) {
+				if damaged == nil {
+					damaged = make(map[string]bool)
+				}
+				damaged[string(k)] = true
+				continue
+			}
+			if u == cut {
+				if atCut == 0 {
+					continue
+				}
+				atCut--
+			}
+			keys = append(keys, append([]byte(nil), k...))
 		}
-		keys = append(keys, append([]byte(nil), k...))
+		if len(damaged) == found {
+			break
+		}
+		// The cut counted states that do not decode: again without them.
 	}
 	for _, k := range keys {
 		if err := pb.Delete(k); err != nil {
