@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"go.yaml.in/yaml/v3"
 
@@ -747,9 +748,15 @@ func (c *config) validate() error {
 	if c.Addr == "" {
 		return errors.New("addr (SYNCGATE_ADDR) must not be empty")
 	}
-	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+	host, _, err := net.SplitHostPort(c.Addr)
+	if err != nil {
 		// Before the loopback check, which would call it not loopback.
 		return fmt.Errorf("addr (SYNCGATE_ADDR) %q: want host:port, e.g. 127.0.0.1:8080: %w", c.Addr, err)
+	}
+	if strings.ContainsFunc(host, unicode.IsSpace) {
+		// No host name or IP holds blanks: the listen would fail later,
+		// on a lookup of that name.
+		return fmt.Errorf("addr (SYNCGATE_ADDR) %q: the host has blanks; want host:port, e.g. 127.0.0.1:8080, or :8080 for every interface", c.Addr)
 	}
 	if strings.TrimSpace(c.DataDir) == "" {
 		// Blanks alone are no directory anyone means: the log would

@@ -333,6 +333,7 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"jwt secret with a newline", nil, map[string]string{"SYNCGATE_JWT_SECRET": testJWTSecret + "\n"}, "SYNCGATE_JWT_SECRET"},
 		{"blank data dir", []string{"-data-dir", "   "}, nil, "data-dir (SYNCGATE_DATA_DIR)"},
 		{"blank data dir in env", nil, map[string]string{"SYNCGATE_DATA_DIR": " \t"}, "data-dir (SYNCGATE_DATA_DIR)"},
+		{"addr host of blanks", []string{"-addr", "   :8080", "-insecure"}, nil, "addr (SYNCGATE_ADDR)"},
 		{"jwt secret with a leading space", []string{"-jwt-secret", " " + testJWTSecret}, nil, "-jwt-secret"},
 		{"bad token rate zero", []string{"-bad-token-rate", "0"}, nil, "-bad-token-rate"},
 		{"bad token burst zero", nil, map[string]string{"SYNCGATE_BAD_TOKEN_BURST": "0"}, "SYNCGATE_BAD_TOKEN_BURST"},

@@ -127,8 +127,11 @@ func runCommand(ctx context.Context, args []string, getenv func(string) string, 
 		return nil
 	case "bench":
 		return bench(ctx, args, stdout, stderr)
+	case "help":
+		// As -h: the usage, on stdout, and exit 0.
+		return serve(ctx, []string{"-h"}, getenv, stdout, stderr)
 	default:
-		fmt.Fprintf(stderr, "syncgate: unknown command %q; commands: serve (default), version, bench\n", cmd)
+		fmt.Fprintf(stderr, "syncgate: unknown command %q; commands: serve (default), version, bench, help\n", cmd)
 		return errUsage
 	}
 }

@@ -341,7 +341,7 @@ func TestRun_BadConfigFails(t *testing.T) {
 // usage error, said on stderr with nothing on stdout.
 func TestRun_Help(t *testing.T) {
 	t.Parallel()
-	for _, args := range [][]string{{"-h"}, {"--help"}, {"-help"}, {"serve", "-h"}, {"serve", "--help"}} {
+	for _, args := range [][]string{{"-h"}, {"--help"}, {"-help"}, {"serve", "-h"}, {"serve", "--help"}, {"help"}} {
 		var out, errOut bytes.Buffer
 		err := run(t.Context(), args, env(nil), &out, &errOut)
 		if err != nil || !strings.Contains(out.String(), "usage: syncgate") || !strings.Contains(out.String(), "-addr") || errOut.Len() != 0 {
