@@ -24,6 +24,9 @@ type publicKey struct {
 
 const minRSABits = 2048
 
+// pemBegin starts a PEM block's first line.
+var pemBegin = []byte("-----BEGIN")
+
 // parseKeys reads a PEM or JWKS key file (see New).
 func parseKeys(data []byte) ([]publicKey, error) {
 	var keys []publicKey
@@ -56,11 +59,19 @@ func parseKeys(data []byte) ([]publicKey, error) {
 func parsePEM(data []byte) ([]publicKey, error) {
 	var keys []publicKey
 	for n := 1; ; n++ {
-		var b *pem.Block
-		b, data = pem.Decode(data)
+		b, rest := pem.Decode(data)
 		if b == nil {
 			break
 		}
+		// pem.Decode skips a block that does not decode (bad base64, no
+		// END line of its type) and returns the next one: the block's own
+		// BEGIN line is the last in what it consumed, and any other is a
+		// block it skipped. Without this a damaged key before a good one
+		// was dropped without a word.
+		if bytes.Count(data[:len(data)-len(rest)], pemBegin) > 1 {
+			return nil, fmt.Errorf("auth: keys: a PEM block before block %d does not decode (damaged base64, or no END line of its type)", n)
+		}
+		data = rest
 		var pub any
 		var err error
 		switch {

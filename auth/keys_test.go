@@ -147,3 +147,42 @@ func TestNew_badKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestNew_pemBlockThatDoesNotDecode: pem.Decode skips a block that does
+// not decode and goes on to the next one, so a damaged block (a key
+// pasted short, a line lost, an END line missing) before a good one used
+// to vanish without a word: the node started without that key, and its
+// tokens were refused as of an unknown key. Only a damaged last block
+// was refused (as text after the last block).
+func TestNew_pemBlockThatDoesNotDecode(t *testing.T) {
+	t.Parallel()
+	r := rsaKeys()
+	good := string(pemPublic(t, &r[0].PublicKey, "old"))
+	next := string(pemPublic(t, &r[1].PublicKey, "new"))
+	lines := strings.Split(next, "\n")
+	for _, tc := range []struct {
+		name string
+		keys string
+	}{
+		{"bad base64 before a good block", strings.Replace(next, "M", "!", 3) + good},
+		{"bad base64 between good blocks", good + strings.Replace(next, "M", "!", 3) + string(pemPublic(t, &ecKeys()[0].PublicKey, "ec"))},
+		{"END line missing before a good block", strings.Replace(next, "-----END PUBLIC KEY-----", "", 1) + good},
+		{"END line of another type", strings.Replace(next, "END PUBLIC KEY", "END RSA PUBLIC KEY", 1) + good},
+		{"cut short before a good block", next[:len(next)/2] + "\n" + good},
+		{"body lines lost", strings.Join(append(lines[:3:3], lines[len(lines)-2:]...), "\n") + good},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			v, err := New(Config{Keys: []byte(tc.keys)})
+			if err == nil {
+				t.Fatalf("New accepted the keys as %+v", v.Keys())
+			}
+		})
+	}
+	// Text around the blocks that is not a block (a comment, the output
+	// of openssl x509 -text) is still skipped, as pem.Decode does.
+	v := newVerifier(t, Config{Keys: []byte("# rotated 2026-03\n" + good + "\nsubject=CN = issuer\n" + next)})
+	if got := v.Keys(); len(got) != 2 {
+		t.Fatalf("Keys() = %+v", got)
+	}
+}

@@ -140,6 +140,8 @@ type TopicClaims struct {
 // skipped, so an identity provider's full JWKS can be used as is. Private
 // keys (PEM private key blocks, JWKS members "d", "p", "q") are an error:
 // the file must hold public keys only. RSA keys need at least 2048 bits.
+// A PEM block that does not decode is an error wherever it is, as is text
+// after the last block; other text before or between blocks is skipped.
 // Two keys with the same non-empty kid and algorithm are an error, and so
 // is a Keys value that yields no key.
 func New(cfg Config) (*Verifier, error) {
