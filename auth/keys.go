@@ -132,11 +132,21 @@ type jwk struct {
 	E   string `json:"e"`
 	X   string `json:"x"`
 	Y   string `json:"y"`
-	// Private members: present means the file leaks a private key.
-	D string `json:"d"`
-	P string `json:"p"`
-	Q string `json:"q"`
-	K string `json:"k"`
+	// Private members: present means the file leaks a private key. The
+	// RSA CRT members (RFC 7518 §6.3.2) count: dp with n and e factors n.
+	D   string          `json:"d"`
+	P   string          `json:"p"`
+	Q   string          `json:"q"`
+	DP  string          `json:"dp"`
+	DQ  string          `json:"dq"`
+	QI  string          `json:"qi"`
+	Oth json.RawMessage `json:"oth"`
+	K   string          `json:"k"`
+}
+
+// private reports whether j holds private or symmetric key material.
+func (j *jwk) private() bool {
+	return j.D != "" || j.P != "" || j.Q != "" || j.DP != "" || j.DQ != "" || j.QI != "" || len(j.Oth) > 0 || j.K != ""
 }
 
 func parseJWKS(data []byte) ([]publicKey, error) {
@@ -148,7 +158,7 @@ func parseJWKS(data []byte) ([]publicKey, error) {
 	}
 	var keys []publicKey
 	for i, j := range set.Keys {
-		if j.D != "" || j.P != "" || j.Q != "" || j.K != "" {
+		if j.private() {
 			return nil, fmt.Errorf("auth: keys: JWKS key %d holds private or symmetric key material; give public keys only", i)
 		}
 		if j.Use != "" && j.Use != "sig" {

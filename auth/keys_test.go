@@ -186,3 +186,29 @@ func TestNew_pemBlockThatDoesNotDecode(t *testing.T) {
 		t.Fatalf("Keys() = %+v", got)
 	}
 }
+
+// TestNew_jwksPrivateCRTMembers: an RSA JWK's CRT members (RFC 7518
+// §6.3.2: dp, dq, qi, oth) are private key material as much as d, p and
+// q are (dp with n and e factors n), so a file holding one leaks a
+// private key and is refused. Only d, p, q and k used to be looked at.
+func TestNew_jwksPrivateCRTMembers(t *testing.T) {
+	t.Parallel()
+	for _, m := range []string{"dp", "dq", "qi"} {
+		t.Run(m, func(t *testing.T) {
+			t.Parallel()
+			k := jwkOf(t, &rsaKeys()[0].PublicKey, "r1")
+			k[m] = "AQAB"
+			if v, err := New(Config{Keys: jwks(t, k)}); err == nil {
+				t.Fatalf("New accepted a JWK with %s as %+v", m, v.Keys())
+			}
+		})
+	}
+	t.Run("oth", func(t *testing.T) {
+		t.Parallel()
+		k := jwkOf(t, &rsaKeys()[0].PublicKey, "r1")
+		keys := []byte(strings.Replace(string(jwks(t, k)), `"kty"`, `"oth":[{"r":"AQAB","d":"AQAB","t":"AQAB"}],"kty"`, 1))
+		if v, err := New(Config{Keys: keys}); err == nil {
+			t.Fatalf("New accepted a JWK with oth as %+v", v.Keys())
+		}
+	})
+}

@@ -138,7 +138,8 @@ type TopicClaims struct {
 // A JWKS holds keys of kty "RSA" or "EC" (crv "P-256"); keys whose use is
 // not "sig" or whose alg is set to something other than RS256/ES256 are
 // skipped, so an identity provider's full JWKS can be used as is. Private
-// keys (PEM private key blocks, JWKS members "d", "p", "q") are an error:
+// keys (PEM private key blocks, JWKS members "d", "p", "q", "dp", "dq",
+// "qi", "oth") and symmetric ones ("k") are an error:
 // the file must hold public keys only. RSA keys need at least 2048 bits.
 // A PEM block that does not decode is an error wherever it is, as is text
 // after the last block; other text before or between blocks is skipped.
