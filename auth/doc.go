@@ -18,6 +18,8 @@
 // they hold a P-256 key. "none" and every other algorithm are refused, and
 // a key only ever verifies its own algorithm: an RSA or EC public key is
 // never used as an HMAC secret and the secret never checks an RS/ES token.
+// A [Config.Secret] that is a key's text (PEM, JWK or JWKS, OpenSSH) is
+// refused by New: whoever has the public key could sign with it.
 // Key headers that point elsewhere (jku, x5u, jwk, x5c) are ignored: keys
 // come from the configuration only. A token with a "crit" header is
 // refused.

@@ -234,3 +234,31 @@ func b64fixed(s string, n int) ([]byte, error) {
 	}
 	return b, nil
 }
+
+// sshKeyPrefixes start an OpenSSH public key line (authorized_keys, .pub).
+var sshKeyPrefixes = []string{"ssh-rsa ", "ssh-dss ", "ssh-ed25519 ", "ecdsa-sha2-", "sk-ssh-ed25519@openssh.com ", "sk-ecdsa-sha2-"}
+
+// asymmetricKeyText names the kind of key text secret is when it is the
+// text of an asymmetric key (PEM of any type, a JWK or JWKS, an OpenSSH
+// key), or returns "". Such a secret is the HS/RS confusion in
+// configuration form: an RSA public key's PEM as the HS256 secret lets
+// anyone who has that key sign tokens (PyJWT refuses these since
+// CVE-2022-29217). The answer never contains the secret.
+func asymmetricKeyText(secret []byte) string {
+	s := bytes.TrimSpace(secret)
+	if bytes.Contains(s, pemBegin) {
+		return "a PEM block"
+	}
+	for _, p := range sshKeyPrefixes {
+		if bytes.HasPrefix(s, []byte(p)) {
+			return "an OpenSSH key"
+		}
+	}
+	if len(s) > 0 && s[0] == '{' {
+		var m map[string]json.RawMessage
+		if json.Unmarshal(s, &m) == nil && (m["kty"] != nil || m["keys"] != nil) {
+			return "a JWK or JWKS"
+		}
+	}
+	return ""
+}

@@ -47,7 +47,9 @@ const (
 // set. [New] copies what it needs; the caller's value is not kept.
 type Config struct {
 	// Secret is the HS256 shared secret (SYNCGATE_JWT_SECRET), at least
-	// 32 bytes. Empty (the default) means HS256 tokens are refused.
+	// 32 bytes. Empty (the default) means HS256 tokens are refused. A
+	// public key's text (PEM, JWK or JWKS, OpenSSH) is refused: anyone who
+	// has the public key could sign tokens with it.
 	Secret []byte
 
 	// Keys is the content of the SYNCGATE_JWT_KEYS file: the public keys
@@ -168,6 +170,10 @@ func New(cfg Config) (*Verifier, error) {
 	if len(cfg.Secret) > 0 {
 		if len(cfg.Secret) < minSecretBytes {
 			return nil, fmt.Errorf("auth: secret is %d bytes; HS256 needs at least %d", len(cfg.Secret), minSecretBytes)
+		}
+		if kind := asymmetricKeyText(cfg.Secret); kind != "" {
+			// Whoever has the public key could sign HS256 tokens with it.
+			return nil, fmt.Errorf("auth: the secret is %s, not a shared secret: give public keys as Keys, never as the HS256 secret", kind)
 		}
 		v.secret = append([]byte(nil), cfg.Secret...)
 		v.algs = append(v.algs, algHS256)

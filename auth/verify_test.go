@@ -2,6 +2,7 @@ package auth
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -262,5 +263,48 @@ func TestNew_config(t *testing.T) {
 	v := newVerifier(t, Config{Secret: testSecret, Keys: pemPublic(t, &ecKeys()[0].PublicKey, "e1")})
 	if got := v.Keys(); len(got) != 2 || got[0] != (KeyInfo{Alg: "HS256"}) || got[1] != (KeyInfo{Alg: "ES256", KID: "e1"}) {
 		t.Fatalf("Keys() = %+v", got)
+	}
+}
+
+// TestNew_secretThatIsAPublicKey: the HS/RS confusion in configuration
+// form. A public key given as the HS256 secret (SYNCGATE_JWT_SECRET set to
+// the issuer's PEM, say) lets anyone who has that public key mint tokens
+// the secret verifies; New refuses such a secret, as PyJWT does since
+// CVE-2022-29217. It used to be taken as any other 32 bytes.
+func TestNew_secretThatIsAPublicKey(t *testing.T) {
+	t.Parallel()
+	r, e := rsaKeys()[0], ecKeys()[0]
+	rsaPEM := pemPublic(t, &r.PublicKey, "")
+	jwk, err := json.Marshal(jwkOf(t, &e.PublicKey, "e1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		secret []byte
+	}{
+		{"PEM public key", rsaPEM},
+		{"PEM public key with a line break before", append([]byte("\n"), rsaPEM...)},
+		{"PEM certificate", []byte("-----BEGIN CERTIFICATE-----\nMIIB" + strings.Repeat("A", 40) + "\n-----END CERTIFICATE-----\n")},
+		{"JWKS", jwks(t, jwkOf(t, &r.PublicKey, "r1"))},
+		{"JWK", jwk},
+		{"OpenSSH RSA key", []byte("ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7 user@host")},
+		{"OpenSSH Ed25519 key", []byte("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl user@host")},
+		{"OpenSSH ECDSA key", []byte("ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTYAAABBBEm user@host")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if _, err := New(Config{Secret: tc.secret}); err == nil {
+				t.Fatal("New took a public key as the HS256 secret")
+			} else if strings.Contains(err.Error(), string(tc.secret)) {
+				t.Fatalf("error text contains the secret: %v", err)
+			}
+		})
+	}
+	// Secrets that merely contain such characters are fine.
+	for _, s := range []string{"{0123456789abcdef0123456789abcdef}", "ssh-0123456789abcdef0123456789abcdef", "-----0123456789abcdef0123456789abcdef"} {
+		if _, err := New(Config{Secret: []byte(s)}); err != nil {
+			t.Errorf("secret %q: %v", s, err)
+		}
 	}
 }
