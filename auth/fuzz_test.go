@@ -1,6 +1,9 @@
 package auth
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rsa"
 	"errors"
 	"strings"
 	"testing"
@@ -80,6 +83,53 @@ func FuzzVerify(f *testing.F) {
 		}
 		if strings.Contains(err.Error(), ".") {
 			t.Fatalf("error text has a '.', breaking the check above: %v", err)
+		}
+	})
+}
+
+// FuzzParseKeys feeds the keys file parser arbitrary text: no input
+// panics, and every key it returns is a usable public key of the
+// algorithm it is listed under, with no two sharing an algorithm and a
+// non-empty kid.
+func FuzzParseKeys(f *testing.F) {
+	r, e := rsaKeys()[0], ecKeys()[0]
+	rp, ep := pemPublic(f, &r.PublicKey, "r1"), pemPublic(f, &e.PublicKey, "e1")
+	f.Add(append(append([]byte{}, rp...), ep...))
+	f.Add(append([]byte("# comment\n"), ep...))
+	f.Add(rp[:len(rp)/2])
+	f.Add(jwks(f, jwkOf(f, &r.PublicKey, "r1"), jwkOf(f, &e.PublicKey, "e1")))
+	f.Add([]byte(`{"keys":[{"kty":"EC","crv":"P-256","x":"AA","y":"AA"}]}`))
+	f.Add([]byte(""))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		keys, err := parseKeys(data)
+		if err != nil {
+			if len(keys) != 0 {
+				t.Fatalf("keys %d with error %v", len(keys), err)
+			}
+			return
+		}
+		if len(keys) == 0 {
+			t.Fatal("no keys and no error")
+		}
+		seen := map[[2]string]bool{}
+		for _, k := range keys {
+			switch p := k.pub.(type) {
+			case *rsa.PublicKey:
+				if k.alg != algRS256 || p.N.BitLen() < minRSABits {
+					t.Fatalf("RSA key as %s of %d bits", k.alg, p.N.BitLen())
+				}
+			case *ecdsa.PublicKey:
+				if k.alg != algES256 || p.Curve != elliptic.P256() {
+					t.Fatalf("EC key as %s", k.alg)
+				}
+			default:
+				t.Fatalf("key of type %T", k.pub)
+			}
+			if id := [2]string{k.alg, k.kid}; k.kid != "" && seen[id] {
+				t.Fatalf("two %s keys with kid %q", k.alg, k.kid)
+			} else {
+				seen[id] = true
+			}
 		}
 	})
 }
