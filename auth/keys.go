@@ -111,6 +111,14 @@ func newPublicKey(pub any, kid string) (publicKey, error) {
 		if p.N.BitLen() < minRSABits {
 			return publicKey{}, fmt.Errorf("RSA key of %d bits; want at least %d", p.N.BitLen(), minRSABits)
 		}
+		// What crypto/rsa refuses at every check: such a key would load
+		// and verify nothing, its tokens refused as bad signatures.
+		if p.N.Bit(0) == 0 {
+			return publicKey{}, errors.New("RSA modulus is even: not an RSA key")
+		}
+		if p.E < 3 || p.E%2 == 0 || p.E > 1<<31-1 {
+			return publicKey{}, errors.New("RSA exponent is not a usable one (odd, 3 to 2^31-1)")
+		}
 		return publicKey{kid: kid, alg: algRS256, pub: p}, nil
 	case *ecdsa.PublicKey:
 		if p.Curve != elliptic.P256() {

@@ -212,3 +212,33 @@ func TestNew_jwksPrivateCRTMembers(t *testing.T) {
 		}
 	})
 }
+
+// TestNew_rsaKeyThatCannotVerify: an RSA key with an even modulus or an
+// unusable exponent verifies nothing (crypto/rsa refuses it at every
+// check), so it is refused at start like an EC point off its curve,
+// whether it comes as PEM or JWKS. It used to load, and its tokens were
+// refused as bad signatures; only a JWKS exponent was checked.
+func TestNew_rsaKeyThatCannotVerify(t *testing.T) {
+	t.Parallel()
+	good := rsaKeys()[0].PublicKey
+	even := new(big.Int).Set(good.N)
+	even.SetBit(even, 0, 0)
+	for _, tc := range []struct {
+		name string
+		pub  rsa.PublicKey
+	}{
+		{"even modulus", rsa.PublicKey{N: even, E: good.E}},
+		{"exponent 1", rsa.PublicKey{N: good.N, E: 1}},
+		{"even exponent", rsa.PublicKey{N: good.N, E: 65536}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			pkcs1 := pem.EncodeToMemory(&pem.Block{Type: "RSA PUBLIC KEY", Bytes: x509.MarshalPKCS1PublicKey(&tc.pub)})
+			for form, keys := range map[string][]byte{"PEM": pkcs1, "JWKS": jwks(t, jwkOf(t, &tc.pub, "r1"))} {
+				if v, err := New(Config{Keys: keys}); err == nil {
+					t.Errorf("%s: New accepted the key as %+v", form, v.Keys())
+				}
+			}
+		})
+	}
+}

@@ -142,7 +142,8 @@ type TopicClaims struct {
 // skipped, so an identity provider's full JWKS can be used as is. Private
 // keys (PEM private key blocks, JWKS members "d", "p", "q", "dp", "dq",
 // "qi", "oth") and symmetric ones ("k") are an error:
-// the file must hold public keys only. RSA keys need at least 2048 bits.
+// the file must hold public keys only. RSA keys need at least 2048 bits,
+// an odd modulus and an odd exponent from 3 to 2^31-1.
 // A PEM block that does not decode is an error wherever it is, as is text
 // after the last block; other text before or between blocks is skipped.
 // Two keys with the same non-empty kid and algorithm are an error, and so
