@@ -15,8 +15,11 @@ import (
 // TokenVerifier checks the token a client sends in hello. *auth.Verifier
 // satisfies it. Verify's error must wrap one of the auth.Err… sentinels
 // (they pick the error code the client gets) and must not contain the
-// token. An identity with a zero Expires never expires: its sessions get
-// no expiry notice, and its live HTTP reads run their full length.
+// token. With a nil error it returns an identity with a non-empty
+// ActorID; a hello it answers otherwise is refused (X_TOKEN_REJECTED) and
+// logged as the verifier's error. An identity with a zero Expires never
+// expires: its sessions get no expiry notice, and its live HTTP reads run
+// their full length.
 type TokenVerifier interface {
 	Verify(token string) (*auth.Identity, error)
 }
@@ -76,6 +79,14 @@ func (s *session) authenticate(token string) *authState {
 			fix = "fetch a fresh token and open a new connection with it: this one is closed with 1008"
 		}
 		s.refuseAuth(frames.NewError(tokenCode(err), "", "hello.token: "+err.Error(), fix))
+		return nil
+	}
+	if id == nil || id.ActorID == "" {
+		// A custom verifier's bug. Served, a nil identity would panic
+		// the process, and an empty actor would be counted in the
+		// per-actor cap under a key that is never released.
+		s.log().Error("token verifier accepted a token without naming its actor: refused", "nil_identity", id == nil)
+		s.refuseAuth(frames.NewError(frames.CodeTokenRejected, "", "hello.token: the server's token verifier named no actor for this token", ""))
 		return nil
 	}
 	actor := id.ActorID
