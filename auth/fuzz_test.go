@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rsa"
@@ -88,7 +89,8 @@ func FuzzVerify(f *testing.F) {
 }
 
 // FuzzParseKeys feeds the keys file parser arbitrary text: no input
-// panics, and every key it returns is a usable public key of the
+// panics, a PEM file yields a key per block or an error (no block is
+// skipped), and every key it returns is a usable public key of the
 // algorithm it is listed under, with no two sharing an algorithm and a
 // non-empty kid.
 func FuzzParseKeys(f *testing.F) {
@@ -97,6 +99,7 @@ func FuzzParseKeys(f *testing.F) {
 	f.Add(append(append([]byte{}, rp...), ep...))
 	f.Add(append([]byte("# comment\n"), ep...))
 	f.Add(rp[:len(rp)/2])
+	f.Add(append(append(append([]byte{}, rp[:len(rp)/2]...), '\n'), ep...)) // a damaged block before a good one
 	f.Add(jwks(f, jwkOf(f, &r.PublicKey, "r1"), jwkOf(f, &e.PublicKey, "e1")))
 	f.Add([]byte(`{"keys":[{"kty":"EC","crv":"P-256","x":"AA","y":"AA"}]}`))
 	f.Add([]byte(""))
@@ -110,6 +113,9 @@ func FuzzParseKeys(f *testing.F) {
 		}
 		if len(keys) == 0 {
 			t.Fatal("no keys and no error")
+		}
+		if trimmed := bytes.TrimSpace(data); trimmed[0] != '{' && bytes.Count(data, pemBegin) != len(keys) {
+			t.Fatalf("%d keys from %d PEM blocks: a block was skipped", len(keys), bytes.Count(data, pemBegin))
 		}
 		seen := map[[2]string]bool{}
 		for _, k := range keys {
