@@ -662,17 +662,27 @@ func appendSSEData(buf *bytes.Buffer, res storage.ReadResult, binary bool) {
 		if i < 0 {
 			break
 		}
-		buf.WriteString("data:")
-		buf.Write(payload[:i])
-		buf.WriteByte('\n')
+		appendSSEDataLine(buf, payload[:i])
 		if payload[i] == '\r' && i+1 < len(payload) && payload[i+1] == '\n' {
 			i++
 		}
 		payload = payload[i+1:]
 	}
+	appendSSEDataLine(buf, payload)
+	buf.WriteByte('\n')
+}
+
+// appendSSEDataLine appends one data: line carrying line (which has no CR
+// or LF). A reader drops one space after the colon (WHATWG HTML, "Parsing
+// an event stream"), so a line that starts with a space gets one more,
+// which the reader drops, and keeps its own.
+func appendSSEDataLine(buf *bytes.Buffer, line []byte) {
 	buf.WriteString("data:")
-	buf.Write(payload)
-	buf.WriteString("\n\n")
+	if len(line) > 0 && line[0] == ' ' {
+		buf.WriteByte(' ')
+	}
+	buf.Write(line)
+	buf.WriteByte('\n')
 }
 
 // appendSSEControl appends a control event for res: the offset to resume
