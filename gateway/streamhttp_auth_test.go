@@ -111,7 +111,7 @@ func TestStreamHTTP_Tokens(t *testing.T) {
 	for range 2 {
 		ok(s.do(t, "POST", "/v1/stream/chat:2", with(jsonType, bearer(writer)), big))
 	}
-	s.do(t, "GET", "/v1/stream/chat:2?offset=-1", with(bearer(reader)), "").want(t, 200).
+	s.do(t, "GET", "/v1/stream/chat:2?offset="+zeroOffset, with(bearer(reader)), "").want(t, 200).
 		wantHeader(t, "Cache-Control", "private, max-age=60, stale-while-revalidate=300")
 
 	// Closing and deleting are managing.

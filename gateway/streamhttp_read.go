@@ -297,6 +297,7 @@ func (s *Server) serveCatchUp(w http.ResponseWriter, r *http.Request, name strin
 		return
 	}
 	// The read renews a sliding TTL, offset=now included.
+	fromStart := q.start // readAfter clears it
 	res, err := s.readAfter(r.Context(), name, &q)
 	if err != nil {
 		s.fail(w, r, err)
@@ -313,9 +314,10 @@ func (s *Server) serveCatchUp(w http.ResponseWriter, r *http.Request, name strin
 	body := renderBody(res)
 	etag := pageETag(q.after, res, body)
 	h.Set("Etag", etag)
-	if res.UpToDate || res.Closed {
-		// The same URL returns more once the stream grows: caches must
-		// revalidate (cheap, with the ETag).
+	if res.UpToDate || res.Closed || fromStart {
+		// The same URL returns more once the stream grows, and, from the
+		// start, other records once retention moves the start: caches
+		// must revalidate (cheap, with the ETag).
 		h.Set("Cache-Control", "no-cache")
 	} else {
 		// A page cut short by the chunk limit never changes. Behind
