@@ -389,6 +389,11 @@ func (s *Server) serveLongPoll(w http.ResponseWriter, r *http.Request, name stri
 		switch {
 		case r.Context().Err() != nil:
 			return // the client left
+		case err == nil:
+			// Woken, perhaps just as the wait ran out: the read above
+			// answers with what woke it, never a 204 at an offset that
+			// is no longer the tail.
+			continue
 		case waitCtx.Err() != nil:
 			// Timed out (or the server is shutting down): nothing new.
 			// The offset stays the one asked for, so nothing appended in
@@ -397,7 +402,7 @@ func (s *Server) serveLongPoll(w http.ResponseWriter, r *http.Request, name stri
 			h.Set("Cache-Control", "no-store")
 			writePage(w, http.StatusNoContent, res, nil)
 			return
-		case err != nil:
+		default:
 			s.fail(w, r, err)
 			return
 		}
@@ -607,7 +612,10 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, name string, q
 			// Caught up: wait for more, with a keep-alive when idle.
 			waitCtx, stop := context.WithTimeout(life, s.cfg.LongPollTimeout)
 			err := s.cfg.Log.WaitID(waitCtx, name, q.after, res.ID)
-			idle := waitCtx.Err() != nil
+			// Woken just as the interval ran out is not idle: the read
+			// below sends what woke it, with no keep-alive before it
+			// that says the old offset is the tail.
+			idle := err != nil && waitCtx.Err() != nil
 			stop()
 			switch {
 			case life.Err() != nil:
