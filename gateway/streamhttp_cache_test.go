@@ -1,8 +1,10 @@
 package gateway_test
 
 import (
+	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/syncgate/syncgate/gateway"
 )
@@ -37,4 +39,42 @@ func TestStreamHTTP_StartPageIsRevalidated(t *testing.T) {
 	if cc := r.header.Get("Cache-Control"); cc != "public, max-age=60, stale-while-revalidate=300" {
 		t.Fatalf("Cache-Control %q on a page cut short from an explicit offset", cc)
 	}
+}
+
+// TestStreamHTTP_CachedPageEndsWithTheStream: a page cut short by the
+// chunk limit may be cached (max-age=60), but not past the stream's life
+// (PROTOCOL.md §5.5: catch-up Cache-Control is derived from the TTL and
+// expiry): a cache would serve it after the stream expired. A sliding TTL
+// runs again from the read, so the stream lives at least that long.
+func TestStreamHTTP_CachedPageEndsWithTheStream(t *testing.T) {
+	t.Parallel()
+	s := newStreamServer(t, gateway.Config{})
+	text := func(kv ...string) http.Header { return hdr(append([]string{"Content-Type", "text/plain"}, kv...)...) }
+	big := strings.Repeat("x", 700<<10) // two do not fit in one page
+	exp := s.clock.Now().Add(30*time.Second + 500*time.Millisecond).UTC().Format(time.RFC3339Nano)
+	for _, tc := range []struct {
+		name   string
+		create http.Header
+		want   string
+	}{
+		{"ttl", text("Stream-TTL", "5"), "public, max-age=5"},
+		{"ttl90", text("Stream-TTL", "90"), "public, max-age=60, stale-while-revalidate=30"},
+		{"expires", text("Stream-Expires-At", exp), "public, max-age=30"},
+		{"forever", text(), "public, max-age=60, stale-while-revalidate=300"},
+	} {
+		p := "/v1/stream/life-" + tc.name
+		s.do(t, "PUT", p, tc.create, "").want(t, 201)
+		s.do(t, "POST", p, text(), big).want(t, 204)
+		s.do(t, "POST", p, text(), big).want(t, 204)
+		s.do(t, "GET", p+"?offset="+zeroOffset, nil, "").want(t, 200).wantBody(t, big).
+			wantHeader(t, "Stream-Up-To-Date", "").
+			wantHeader(t, "Cache-Control", tc.want)
+	}
+	// One that has less than a second left is not cached.
+	p := "/v1/stream/life-ending"
+	s.do(t, "PUT", p, text("Stream-Expires-At", s.clock.Now().Add(10*time.Second).UTC().Format(time.RFC3339Nano)), "").want(t, 201)
+	s.do(t, "POST", p, text(), big).want(t, 204)
+	s.do(t, "POST", p, text(), big).want(t, 204)
+	s.clock.Advance(9*time.Second + 500*time.Millisecond)
+	s.do(t, "GET", p+"?offset="+zeroOffset, nil, "").want(t, 200).wantHeader(t, "Cache-Control", "no-cache")
 }

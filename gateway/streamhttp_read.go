@@ -320,19 +320,59 @@ func (s *Server) serveCatchUp(w http.ResponseWriter, r *http.Request, name strin
 		// must revalidate (cheap, with the ETag).
 		h.Set("Cache-Control", "no-cache")
 	} else {
-		// A page cut short by the chunk limit never changes. Behind
-		// tokens only the client that may read it may cache it.
-		if s.cfg.Verifier != nil {
-			h.Set("Cache-Control", "private, max-age=60, stale-while-revalidate=300")
-		} else {
-			h.Set("Cache-Control", "public, max-age=60, stale-while-revalidate=300")
-		}
+		h.Set("Cache-Control", s.pageCacheControl(r.Context(), name, res.ID))
 	}
 	if etagMatches(r.Header.Get("If-None-Match"), etag) {
 		w.WriteHeader(http.StatusNotModified)
 		return
 	}
 	writePage(w, http.StatusOK, res, body)
+}
+
+// How long a cache may keep a page cut short by the chunk limit, and serve
+// it while it revalidates, when the stream lives longer.
+const (
+	pageMaxAge               = 60 * time.Second
+	pageStaleWhileRevalidate = 300 * time.Second
+)
+
+// pageCacheControl is the Cache-Control of a page of stream name (whose
+// Info.ID is id) cut short by the chunk limit. Such a page never changes,
+// so caches may keep it for pageMaxAge and serve it for
+// pageStaleWhileRevalidate more while they revalidate, but not past the
+// stream's life, which its TTL and expiry bound (PROTOCOL.md §5.5 derives
+// the header from them): the read just renewed a sliding TTL, so the
+// stream lives at least the TTL; an Expires-At is absolute. Less than a
+// second left, or a stream gone (or made anew) since the read, is
+// "no-cache". Behind tokens only the client that may read a page may
+// cache it: "private".
+func (s *Server) pageCacheControl(ctx context.Context, name string, id uint64) string {
+	info, err := s.cfg.Log.Head(ctx, name)
+	if err != nil || info.ID != id {
+		return "no-cache"
+	}
+	life := time.Duration(math.MaxInt64)
+	if info.TTL > 0 {
+		life = info.TTL
+	}
+	if !info.ExpiresAt.IsZero() {
+		life = min(life, info.ExpiresAt.Sub(s.cfg.Now()))
+	}
+	secs := int64(life / time.Second)
+	if secs < 1 {
+		return "no-cache"
+	}
+	maxAge := min(secs, int64(pageMaxAge/time.Second))
+	swr := min(secs-maxAge, int64(pageStaleWhileRevalidate/time.Second))
+	scope := "public"
+	if s.cfg.Verifier != nil {
+		scope = "private"
+	}
+	cc := scope + ", max-age=" + strconv.FormatInt(maxAge, 10)
+	if swr > 0 {
+		cc += ", stale-while-revalidate=" + strconv.FormatInt(swr, 10)
+	}
+	return cc
 }
 
 // serveLongPoll answers a GET with live=long-poll: the records after the
