@@ -482,6 +482,13 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	h.Del("Etag")
 	h.Del("Cache-Control")
 	h.Del("Content-Length")
+	h.Del(hdrCursor)
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		// A read's 404 is heuristically cacheable (RFC 9110 §15.1), and
+		// caches keep one for minutes by default: the stream made next
+		// would stay hidden behind it. No read error is worth keeping.
+		h.Set("Cache-Control", "no-store")
+	}
 	h.Set("Content-Type", "text/plain; charset=utf-8")
 	w.WriteHeader(status)
 	_, _ = fmt.Fprintln(w, msg)

@@ -78,3 +78,36 @@ func TestStreamHTTP_CachedPageEndsWithTheStream(t *testing.T) {
 	s.clock.Advance(9*time.Second + 500*time.Millisecond)
 	s.do(t, "GET", p+"?offset="+zeroOffset, nil, "").want(t, 200).wantHeader(t, "Cache-Control", "no-cache")
 }
+
+// TestStreamHTTP_ReadErrorsAreNotCached: a read's 404 is heuristically
+// cacheable (RFC 9110 §15.1), and caches do keep 404s for minutes by
+// default; the stream made next (a reader often asks before its writer
+// has made it) would stay hidden behind the cached 404. A read's errors
+// say no-store, and carry no header of the answer they replace.
+func TestStreamHTTP_ReadErrorsAreNotCached(t *testing.T) {
+	t.Parallel()
+	s := newStreamServer(t, gateway.Config{})
+	const p = "/v1/stream/notyet"
+	for _, q := range []string{"", "?offset=now", "?offset=-1&live=long-poll", "?offset=-1&live=sse"} {
+		s.do(t, "GET", p+q, nil, "").want(t, 404).wantHeader(t, "Cache-Control", "no-store")
+	}
+	s.do(t, "HEAD", p, nil, "").want(t, 404).wantHeader(t, "Cache-Control", "no-store")
+	tail := s.do(t, "PUT", p, hdr("Content-Type", "text/plain"), "here").want(t, 201).header.Get("Stream-Next-Offset")
+	s.do(t, "GET", p, nil, "").want(t, 200).wantBody(t, "here")
+	s.do(t, "GET", p+"?offset=bad", nil, "").want(t, 400).wantHeader(t, "Cache-Control", "no-store")
+
+	// A long-poll whose stream is deleted while it waits: a 404 like any
+	// other, without the Stream-Cursor its wait had set.
+	done := make(chan reply, 1)
+	go func() {
+		for {
+			r, err := s.try("GET", p+"?offset="+tail+"&live=long-poll", nil, "")
+			if err != nil || r.status != 204 { // 204: timed out before the delete
+				done <- r
+				return
+			}
+		}
+	}()
+	s.do(t, "DELETE", p, nil, "").want(t, 204)
+	(<-done).want(t, 404).wantHeader(t, "Cache-Control", "no-store").wantHeader(t, "Stream-Cursor", "")
+}
