@@ -41,6 +41,10 @@ const (
 	// it lets caches collapse readers and spreads readers over nodes).
 	sseLifetime = 60 * time.Second
 
+	// sseKeepBuffer is the most an SSE response keeps of the buffer it
+	// frames its events in between them.
+	sseKeepBuffer = 64 << 10
+
 	// cursorInterval and cursorEpoch define Stream-Cursor: the number of
 	// whole intervals since the epoch (PROTOCOL.md §8.1).
 	cursorInterval = 20 * time.Second
@@ -648,6 +652,13 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, name string, q
 			return
 		}
 		q.after = res.Next
+		// Sent. A response that waits now keeps neither the page nor a
+		// buffer grown to frame it: idle, it costs a few KiB, not up to
+		// sseLifetime of its last page.
+		res.Records = nil
+		if buf.Cap() > sseKeepBuffer {
+			buf = bytes.Buffer{}
+		}
 		for res.UpToDate {
 			// Caught up: wait for more, with a keep-alive when idle.
 			waitCtx, stop := context.WithTimeout(life, s.cfg.LongPollTimeout)
