@@ -17,7 +17,7 @@ import (
 // (they pick the error code the client gets) and must not contain the
 // token. With a nil error it returns an identity with a non-empty
 // ActorID; a hello it answers otherwise is refused (X_TOKEN_REJECTED) and
-// logged as the verifier's error. An identity with a zero Expires never
+// logged as the verifier's error, a stream API request with 401. An identity with a zero Expires never
 // expires: its sessions get no expiry notice, and its live HTTP reads run
 // their full length.
 type TokenVerifier interface {

@@ -48,3 +48,26 @@ func TestAuth_CustomVerifierWithoutActor(t *testing.T) {
 		})
 	}
 }
+
+// TestStreamHTTP_CustomVerifierWithoutActor: the stream API refuses such
+// a token too (401): a nil identity used to panic the handler, and an
+// empty ActorID gave every such request one shared writer bucket.
+func TestStreamHTTP_CustomVerifierWithoutActor(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		id   *auth.Identity
+	}{
+		{"empty ActorID", &auth.Identity{Expires: time.Now().Add(time.Hour), Grants: auth.AllowAll()}},
+		{"nil identity", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			v := verifierFunc(func(string) (*auth.Identity, error) { return tc.id, nil })
+			s := newStreamServer(t, gateway.Config{Verifier: v})
+			h := hdr("Authorization", "Bearer any", "Content-Type", "text/plain")
+			s.do(t, "PUT", "/v1/stream/s", h, "").want(t, 401)
+			s.do(t, "GET", "/v1/stream/s", h, "").want(t, 401)
+		})
+	}
+}

@@ -269,9 +269,15 @@ func (s *Server) checkStreamToken(h http.Header, r *http.Request, v TokenVerifie
 }
 
 // verifyBearer checks token with v; a refused one is a 401 with its
-// challenge set in h.
+// challenge set in h. So is one a custom verifier accepts without naming
+// its actor (see TokenVerifier), as a hello with it is refused: served, a
+// nil identity would panic the handler, and an empty actor would share
+// one writer bucket with every other such token.
 func verifyBearer(h http.Header, v TokenVerifier, token string) (*auth.Identity, *requestError) {
 	id, err := v.Verify(token)
+	if err == nil && (id == nil || id.ActorID == "") {
+		err = errors.New("the server's token verifier named no actor for this token")
+	}
 	if err != nil {
 		h.Set("WWW-Authenticate", challengeInvalid)
 		// auth's errors never contain the token.
