@@ -100,6 +100,13 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
 	// rule does not help: the browser is on loopback). There, the Origin
 	// allowlist applies, as on /v1/ws; with token keys the token is the
 	// credential, and pages of any origin may use the API with one.
+	//
+	// The answer then depends on Origin: a shared cache must not hand a
+	// page fetched by an allowed origin to another (Access-Control-Allow-
+	// Origin is "*", so that page could read it).
+	if s.cfg.Verifier == nil {
+		h.Set("Vary", "Origin")
+	}
 	if s.cfg.Verifier == nil && !s.origins.Allow(r.Header.Get("Origin"), r.Host) {
 		s.fail(w, r, &requestError{http.StatusForbidden, "origin " + quote(r.Header.Get("Origin")) +
 			" not allowed: without token keys the stream API serves only pages of the same host or of SYNCGATE_ALLOWED_ORIGINS (docs/security.md)"})

@@ -220,7 +220,8 @@ func TestStreamHTTP_Headers(t *testing.T) {
 		t.Helper()
 		r.wantHeader(t, "X-Content-Type-Options", "nosniff").
 			wantHeader(t, "Cross-Origin-Resource-Policy", "cross-origin").
-			wantHeader(t, "Access-Control-Allow-Origin", "*")
+			wantHeader(t, "Access-Control-Allow-Origin", "*").
+			wantHeader(t, "Vary", "Origin")
 		if !strings.Contains(r.header.Get("Access-Control-Expose-Headers"), "Stream-Next-Offset") {
 			t.Fatalf("Access-Control-Expose-Headers %q", r.header.Get("Access-Control-Expose-Headers"))
 		}
