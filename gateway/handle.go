@@ -195,6 +195,7 @@ func (s *session) handleFrameSubscribe(ctx context.Context, f *frames.Subscribe)
 		delete(s.subs, f.SID)
 		s.srv.presence.unsubscribed(ctx, s, sub.topic) // the last one leaves the topic's presence
 		sub.endPersisted()                             // a replay stops before the drop is acked
+		sub.answerDropped()                            // a resume not answered yet is, first
 		s.sendAck(f.SID, nil)
 		return
 	}

@@ -767,6 +767,11 @@ type replay struct {
 	gap      *heldGap           // guarded by mu: the tailer skipped pruned records (skipTail) before held[gap.at]
 	cancel   context.CancelFunc // set before the replayer starts
 	done     chan struct{}      // closed when the replayer returns
+	cursor   frames.Cursor      // static: the cursor the subscription resumes from
+	// answered is set by the replayer as it returns (read after done):
+	// the client has had the subscribe's answer (an ack, with or without
+	// an error).
+	answered bool
 	tailer   *tailer
 	through  string   // the tailer's offset at the join (joinLive), where the replayer's reading starts to end; set under the stripe lock
 	log      logIdent // the log through is in; as through
@@ -869,7 +874,7 @@ func (s *session) subscribePersisted(ctx context.Context, f *frames.Subscribe, s
 	sub.tailer = t
 	cursor := f.Target.Cursor
 	if cursor != nil {
-		sub.replay = &replay{active: true, done: make(chan struct{}), tailer: t, maxHeld: srv.cfg.SendQueueBytes / 4,
+		sub.replay = &replay{active: true, done: make(chan struct{}), tailer: t, cursor: *cursor, maxHeld: srv.cfg.SendQueueBytes / 4,
 			maxHeldN: max(1, min(replayHold, srv.cfg.SendQueueMessages/4))}
 	}
 	if err := s.joinLive(ctx, sub, cursor == nil); err != nil {
@@ -926,7 +931,8 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 	mu.Lock()
 	through, cur := r.through, r.log
 	mu.Unlock()
-	first := true
+	first := true // the client has not been answered yet
+	defer func() { r.answered = !first }()
 	expired := func(cause, at string) {
 		srv.metrics.resumes[resumeExpired].Inc()
 		s.sendError(frames.NewError(frames.CodeCursorExpired, sub.sid, "subscribe.target.cursor: "+cause,
@@ -977,6 +983,7 @@ func (s *session) runReplay(ctx context.Context, sub *subscription, c frames.Cur
 		s.log().Warn("replay failed", "topic", sub.topic, "err", err)
 		s.sendError(frames.NewError(frames.CodeInternal, sub.sid, "the server could not read the topic's log", "reconnect and resume from your cursor"))
 		s.closeWith(reasonLogError)
+		first = false
 	}
 	if c.Digest != "" && c.Digest != cur.digest() {
 		// The cursor may name the log there is now, which this node's
@@ -1321,6 +1328,26 @@ func (s *session) sendResumed(sub *subscription, cursor, digest string) {
 	s.srv.metrics.resumes[resumeReplayed].Inc()
 	s.sendAck(sub.sid, nil)
 	s.sendSnapshot(sub.sid, sub.topic, cursor, digest)
+}
+
+// answerDropped answers, before the drop's ack, the subscribe of a
+// resuming subscription dropped before its replayer answered it (it was
+// still waiting for or reading the log): an ack and a snapshot with no
+// rows at its cursor, as a resume that has sent nothing yet. Every
+// subscribe is thus answered, in order: a client matching answers to its
+// frames by sid would otherwise take the drop's ack for the add's, and
+// wait for the drop's for good. Call it after endPersisted.
+func (sub *subscription) answerDropped() {
+	r := sub.replay
+	if r == nil || r.answered {
+		return
+	}
+	digest := r.cursor.Digest
+	if digest == "" {
+		digest = r.log.digest() // the log at the join, as a resume names it
+	}
+	sub.s.sendAck(sub.sid, nil)
+	sub.s.sendSnapshot(sub.sid, sub.topic, r.cursor.LSN, digest)
 }
 
 // endPersisted releases what a persisted subscription holds.
