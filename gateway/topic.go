@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"unicode/utf8"
 
 	"github.com/syncgate/syncgate/frames"
 )
@@ -31,7 +32,15 @@ func validTopic(name string) error {
 		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
 		case c == '_', c == '.', c == ':', c == '@', c == '/', c == '-':
 		default:
-			return errors.New("topic name has character " + strconv.QuoteRune(rune(c)) + " at byte " + strconv.Itoa(i))
+			// Named as sent: a character of several bytes in UTF-8 is
+			// decoded whole, not read from its first byte; a byte that
+			// starts none is quoted as a byte.
+			r, size := utf8.DecodeRuneInString(name[i:])
+			what := strconv.QuoteRune(r)
+			if r == utf8.RuneError && size <= 1 {
+				what = strconv.Quote(name[i : i+1])
+			}
+			return errors.New("topic name has character " + what + " at byte " + strconv.Itoa(i))
 		}
 	}
 	return nil
