@@ -624,6 +624,15 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 					return row
 				})
 				if err := srv.publishRecordBody(ctx, t.topic, body, at, now); err != nil {
+					if ctx.Err() != nil {
+						// Stopped during the hand-over (its last
+						// subscriber left; releaseTailer does not
+						// take the stripe lock): the rest of the
+						// page goes to nobody, and that is no
+						// failure to warn of once per record.
+						mu.Unlock()
+						return
+					}
 					log.Warn("persisted topic: fanout failed", "offset", r.Offset, "err", err)
 				}
 			}
@@ -712,7 +721,8 @@ func (srv *Server) moveTail(ctx context.Context, t *tailer, kind byte, at string
 		return // stopped: as in tail's hand-over
 	}
 	t.published, t.log = at, l
-	if err := srv.transport.Publish(ctx, t.topic, logMark(kind, at, l)); err != nil {
+	if err := srv.transport.Publish(ctx, t.topic, logMark(kind, at, l)); err != nil && ctx.Err() == nil {
+		// (Stopped meanwhile is no failure: as in tail's hand-over.)
 		srv.log.Warn("persisted topic: fanout failed", "topic", t.topic, "err", err)
 	}
 	t.markMovedLocked()
