@@ -32,13 +32,7 @@ func TestClient_Subscribe_GiveUpDrops(t *testing.T) {
 			t.Cleanup(func() { c.Close() })
 			sc := s.next(t)
 
-			cancel, errc := subscribeCancellable(ctx, c)
-			defer cancel()
-			add := expect[*frames.Subscribe](t, sc)
-			cancel()
-			if err := recv(t, ctx, errc); !errors.Is(err, context.Canceled) {
-				t.Fatalf("Subscribe = %v, want context.Canceled", err)
-			}
+			add := giveUp(t, ctx, c, sc)
 			drop := expect[*frames.Subscribe](t, sc)
 			if drop.Op != frames.OpDrop || drop.SID != add.SID {
 				t.Fatalf("after the add the client sent %+v, want a drop of %q", drop, add.SID)
@@ -92,13 +86,7 @@ func TestClient_Subscribe_GiveUpDropRefusedIsSentAgain(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	sc := s.next(t)
 
-	cancel, errc := subscribeCancellable(ctx, c)
-	defer cancel()
-	add := expect[*frames.Subscribe](t, sc)
-	cancel()
-	if err := recv(t, ctx, errc); !errors.Is(err, context.Canceled) {
-		t.Fatalf("Subscribe = %v, want context.Canceled", err)
-	}
+	add := giveUp(t, ctx, c, sc)
 	refused := &frames.Ack{Ref: add.SID, Error: &frames.ErrorBody{Code: frames.CodeInternal,
 		Cause: "the server could not drop the subscription; it is still active", Fix: "retry the drop later"}}
 	sc.send(t, &frames.Ack{Ref: add.SID}, topicSnapshot(add.SID, 0, "log:a"))
@@ -154,6 +142,21 @@ func TestReconnect_SubscribeGiveUpDuringTakeOver(t *testing.T) {
 
 // subscribeCancellable subscribes c to "p:t" on another goroutine, under a
 // ctx that cancel ends, and returns Subscribe's error on errc.
+// giveUp starts a Subscribe on c, reads its add on sc, and cancels it
+// before any answer: it returns the add once Subscribe has returned
+// context.Canceled.
+func giveUp(t *testing.T, ctx context.Context, c *client.Client, sc *scriptConn) *frames.Subscribe {
+	t.Helper()
+	cancel, errc := subscribeCancellable(ctx, c)
+	defer cancel()
+	add := expect[*frames.Subscribe](t, sc)
+	cancel()
+	if err := recv(t, ctx, errc); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Subscribe = %v, want context.Canceled", err)
+	}
+	return add
+}
+
 func subscribeCancellable(ctx context.Context, c *client.Client) (cancel context.CancelFunc, errc <-chan error) {
 	sctx, cancel := context.WithCancel(ctx)
 	ch := make(chan error, 1)

@@ -17,6 +17,16 @@ type verifierFunc func(token string) (*auth.Identity, error)
 
 func (f verifierFunc) Verify(token string) (*auth.Identity, error) { return f(token) }
 
+// actorless are the identities a custom verifier that breaks its
+// contract accepts a token with: none, or one naming no actor.
+var actorless = []struct {
+	name string
+	id   *auth.Identity
+}{
+	{"empty ActorID", &auth.Identity{Expires: time.Now().Add(time.Hour), Grants: auth.AllowAll()}},
+	{"nil identity", nil},
+}
+
 // TestAuth_CustomVerifierWithoutActor: a custom TokenVerifier that
 // accepts a token without naming its actor (a nil identity, or one with
 // an empty ActorID) breaks the interface's contract. Its hello is
@@ -27,13 +37,7 @@ func (f verifierFunc) Verify(token string) (*auth.Identity, error) { return f(to
 // refused with X_TOO_MANY_SESSIONS.
 func TestAuth_CustomVerifierWithoutActor(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
-		name string
-		id   *auth.Identity
-	}{
-		{"empty ActorID", &auth.Identity{Expires: time.Now().Add(time.Hour), Grants: auth.AllowAll()}},
-		{"nil identity", nil},
-	} {
+	for _, tc := range actorless {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			v := verifierFunc(func(string) (*auth.Identity, error) { return tc.id, nil })
@@ -54,13 +58,7 @@ func TestAuth_CustomVerifierWithoutActor(t *testing.T) {
 // empty ActorID gave every such request one shared writer bucket.
 func TestStreamHTTP_CustomVerifierWithoutActor(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
-		name string
-		id   *auth.Identity
-	}{
-		{"empty ActorID", &auth.Identity{Expires: time.Now().Add(time.Hour), Grants: auth.AllowAll()}},
-		{"nil identity", nil},
-	} {
+	for _, tc := range actorless {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			v := verifierFunc(func(string) (*auth.Identity, error) { return tc.id, nil })

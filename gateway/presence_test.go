@@ -302,7 +302,7 @@ func TestPresence_ObserverAsksForTheList(t *testing.T) {
 }
 
 // TestPresence_Count: beyond PresenceMaxListed members, frames carry the
-// total as count.
+// total as count; a member's own sync lists it even beyond the limit.
 func TestPresence_Count(t *testing.T) {
 	t.Parallel()
 	srv := newTestServer(t, fastPresence(gateway.Config{PresenceMaxListed: 1}))
@@ -317,6 +317,11 @@ func TestPresence_Count(t *testing.T) {
 	}
 	if sync := join(t, b, "room", `null`); sync.Count != 2 || memberIDs(sync.Members) != "a,b" {
 		t.Fatalf("b's sync = %+v, want a (listed), b (itself), count 2", sync)
+	}
+	// A list b asks for (to start over from it: it replaces b's) lists
+	// b too, as its join's did.
+	if sync, code := requestList(t, b, "room"); code != "" || sync.Count != 2 || memberIDs(sync.Members) != "a,b" {
+		t.Fatalf("b's requested sync = %+v, %q; want a, b (itself), count 2", sync, code)
 	}
 	va := newPresenceView(t, a, "room")
 	va.until("count 2", func() bool { return va.count == 2 })
@@ -983,32 +988,5 @@ func TestPresence_SyncCountWhenListIncomplete(t *testing.T) {
 	sync := join(t, conns["j"], "room", `null`)
 	if got := memberIDs(sync.Members); sync.Count != 3 && !strings.Contains(got, "d") {
 		t.Fatalf("j's sync lists %s with count %d: d is present and neither listed nor counted", got, sync.Count)
-	}
-}
-
-// TestPresence_JoinedListKeepsSelf: a joined subscriber may ask for the
-// list "to start over from a fresh list" (docs/protocol.md §6.10), and a
-// sync replaces the client's list. Its join's sync lists itself even
-// beyond PresenceMaxListed; a requested one must too, or the client that
-// starts over from it loses its own member.
-func TestPresence_JoinedListKeepsSelf(t *testing.T) {
-	t.Parallel()
-	srv := newTestServer(t, fastPresence(gateway.Config{PresenceMaxListed: 1}))
-	a := gwtest.Dial(t, srv.url, nil)
-	b := gwtest.Dial(t, srv.url, nil)
-	a.Hello("a", 0)
-	b.Hello("b", 0)
-	a.Subscribe("s", "room")
-	b.Subscribe("s", "room")
-	join(t, a, "room", `null`)
-	if sync := join(t, b, "room", `null`); memberIDs(sync.Members) != "a,b" {
-		t.Fatalf("b's join sync = %+v, want a,b (itself included)", sync)
-	}
-	sync, code := requestList(t, b, "room")
-	if code != "" {
-		t.Fatal(code)
-	}
-	if memberIDs(sync.Members) != "a,b" {
-		t.Fatalf("b's requested sync lists %q (count %d); its join's listed a,b: starting over from it, b loses itself", memberIDs(sync.Members), sync.Count)
 	}
 }
