@@ -63,6 +63,32 @@ func reasonOf(s *session) closeReason {
 	return s.q.reason
 }
 
+// waitPinging makes a session of srv on a pingPair, has its writer ping
+// and returns once the client has read the ping: the writer then waits
+// for a pong that will not come. The client's reads end with the error
+// it got, on read.
+func waitPinging(t *testing.T, srv *Server, name string) (s *session, cc *websocket.Conn, read <-chan error) {
+	t.Helper()
+	sc, raw, cc, pinged := pingPair(t)
+	s = newSession(context.Background(), srv, sc, raw, name, "test")
+	readErr := make(chan error, 1)
+	go func() {
+		for {
+			if _, _, err := cc.Read(context.Background()); err != nil {
+				readErr <- err
+				return
+			}
+		}
+	}()
+	askPing(s)
+	select {
+	case <-pinged:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no ping within 10s")
+	}
+	return s, cc, readErr
+}
+
 // TestSession_PingFailureReason: a ping that fails because the connection
 // closed under it (here the client's close frame, which coder/websocket's
 // reader answers and then closes the connection) leaves the close reason
@@ -79,21 +105,7 @@ func TestSession_PingFailureReason(t *testing.T) {
 	defer srv.Shutdown(context.Background())
 
 	t.Run("closed by the peer", func(t *testing.T) {
-		sc, raw, cc, pinged := pingPair(t)
-		s := newSession(context.Background(), srv, sc, raw, "closed", "test")
-		go func() {
-			for {
-				if _, _, err := cc.Read(context.Background()); err != nil {
-					return
-				}
-			}
-		}()
-		askPing(s)
-		select {
-		case <-pinged:
-		case <-time.After(10 * time.Second):
-			t.Fatal("no ping within 10s")
-		}
+		s, cc, _ := waitPinging(t, srv, "closed")
 		// The writer now waits for a pong that will not come.
 		go func() { _ = cc.Close(websocket.StatusNormalClosure, "") }()
 		rerr := s.readLoop() // the close frame: the library echoes it and closes the connection
@@ -254,30 +266,6 @@ func TestSession_CloseEndsPing(t *testing.T) {
 	}
 	defer srv.Shutdown(context.Background())
 
-	// waitPinging has s's writer ping and returns once the client has
-	// read the ping: the writer then waits for a pong that will not come.
-	// The client's reads end with the error it got, on read.
-	waitPinging := func(t *testing.T, name string) (s *session, cc *websocket.Conn, read <-chan error) {
-		t.Helper()
-		sc, raw, cc, pinged := pingPair(t)
-		s = newSession(context.Background(), srv, sc, raw, name, "test")
-		readErr := make(chan error, 1)
-		go func() {
-			for {
-				if _, _, err := cc.Read(context.Background()); err != nil {
-					readErr <- err
-					return
-				}
-			}
-		}()
-		askPing(s)
-		select {
-		case <-pinged:
-		case <-time.After(10 * time.Second):
-			t.Fatal("no ping within 10s")
-		}
-		return s, cc, readErr
-	}
 	// writerDone fails unless s's writer stops well within pongTimeout.
 	writerDone := func(t *testing.T, s *session) {
 		t.Helper()
@@ -291,7 +279,7 @@ func TestSession_CloseEndsPing(t *testing.T) {
 	}
 
 	t.Run("shutdown", func(t *testing.T) {
-		s, _, read := waitPinging(t, "shutdown")
+		s, _, read := waitPinging(t, srv, "shutdown")
 		s.closeWith(reasonShutdown)
 		writerDone(t, s)
 		if r := reasonOf(s); r != reasonShutdown {
@@ -308,7 +296,7 @@ func TestSession_CloseEndsPing(t *testing.T) {
 	})
 
 	t.Run("cut by the peer", func(t *testing.T) {
-		s, cc, _ := waitPinging(t, "cut")
+		s, cc, _ := waitPinging(t, srv, "cut")
 		_ = cc.CloseNow() // the TCP connection ends, without a close frame
 		rerr := s.readLoop()
 		s.closeWith(readErrorReason(rerr))
