@@ -325,7 +325,9 @@ func headerHasToken(h http.Header, key, token string) bool {
 	return false
 }
 
-// isWebSocketUpgrade reports whether r asks for a WebSocket upgrade.
+// isWebSocketUpgrade reports whether r asks for a WebSocket upgrade: its
+// Upgrade header lists websocket, as for websocket.Accept and
+// handshakeError (the header is a list of protocols, RFC 9110 §7.8).
 func isWebSocketUpgrade(r *http.Request) bool {
-	return strings.EqualFold(r.Header.Get("Upgrade"), "websocket")
+	return headerHasToken(r.Header, "Upgrade", "websocket")
 }
