@@ -55,9 +55,15 @@ type pendingOutcome struct {
 	o    outcome
 }
 
-// replyWhenDone calls reply with o, or with its result once it is known:
-// at once if it is, else from a goroutine that waits for it.
-func replyWhenDone(o outcome, reply func(outcome)) {
+// replyLocked calls reply with o, or with its result once it is known: at
+// once if it is, else from a goroutine that waits for it. At most
+// window/2 such goroutines wait per producer, as at most that many of its
+// mutates are pending: past that the caller waits for the result itself
+// (the session's reader: backpressure), so that retries of a pending seq
+// (or of its key) cannot pin a goroutine each while a commit is slow. The
+// wait holds mu, as run's wait for a pending mutate does: the pending
+// outcome's result is set, and done closed, without mu.
+func (p *producer) replyLocked(o outcome, reply func(outcome)) {
 	w := o.wait
 	if w == nil {
 		reply(o)
@@ -66,12 +72,20 @@ func replyWhenDone(o outcome, reply func(outcome)) {
 	select {
 	case <-w.done:
 		reply(w.o)
+		return
 	default:
-		go func() {
-			<-w.done
-			reply(w.o)
-		}()
 	}
+	if p.waiting.Load() >= int64(max(1, p.window/2)) {
+		<-w.done
+		reply(w.o)
+		return
+	}
+	p.waiting.Add(1)
+	go func() {
+		<-w.done
+		p.waiting.Add(-1)
+		reply(w.o)
+	}()
 }
 
 // producer is the mutation producer named by (hello.clientId, epoch), or a
@@ -85,6 +99,7 @@ type producer struct {
 
 	mu       sync.Mutex
 	inflight int              // guarded by mu: mutates recorded but still running
+	waiting  atomic.Int64     // goroutines of replyLocked waiting for a pending outcome; added to under mu
 	started  bool             // guarded by mu: a mutate has run on this node
 	epoch    int64            // guarded by mu
 	next     int64            // guarded by mu: the next expected seq
@@ -130,7 +145,9 @@ func (p *producer) resetLocked(epoch int64) {
 // another goroutine: acks of a producer's synchronous mutates leave in seq
 // order, but a later mutate's ack may overtake a pending one's. At most
 // window/2 mutates of a producer are pending; beyond that run waits for
-// the outcome before it returns.
+// the outcome before it returns. A retry of a pending mutate is answered
+// when its outcome arrives, and past window/2 such retries waiting run
+// waits for that too (replyLocked).
 //
 // first says f is the first mutate its session has passed on, and no
 // frame of the session was lost before it (dropped over the frame rate,
@@ -176,7 +193,7 @@ func (p *producer) run(epoch int64, first bool, f *frames.Mutate, reply func(out
 					fmt.Sprintf("send it as seq %d, the next one; a client that keeps its clientId across restarts keeps its seq too (hello.seq), or raises its epoch", p.next))})
 				return
 			}
-			replyWhenDone(o, reply)
+			p.replyLocked(o, reply)
 			return
 		}
 		reply(outcome{key: f.Key, err: frames.NewError(frames.CodeSeqForgotten, f.Key,
@@ -205,7 +222,7 @@ func (p *producer) run(epoch int64, first bool, f *frames.Mutate, reply func(out
 	o.seq = f.Seq
 	p.recordLocked(o)
 	p.nextLocked()
-	replyWhenDone(o, reply)
+	p.replyLocked(o, reply)
 }
 
 // nextLocked moves past the seq just recorded. The last seq a client may
