@@ -143,15 +143,64 @@ func (s *session) publishPersisted(f *frames.Mutate, topic string, data json.Raw
 			later <- outcome{key: f.Key, err: s.logError(f.Key, "publish", topic, err)}
 			return
 		}
-		if !res.Duplicate {
+		srv.streamMade(topic) // the first append made the stream
+		if res.Duplicate && prod != nil {
 			// A retry the log answers (its producer unknown here: a
-			// restart, or a record forgotten) wrote nothing.
+			// restart, or a record forgotten) wrote nothing. The log
+			// knows seqs, not keys: whether it is a retry is read from
+			// its record, off the log's goroutine.
+			go func() { later <- s.duplicateOutcome(f, topic, res) }()
+			return
+		}
+		if !res.Duplicate {
 			srv.metrics.publishes.Inc()
 		}
-		srv.streamMade(topic) // the first append made the stream
 		later <- outcome{key: f.Key, lsn: res.Offset}
 	})
 	return outcome{}, later
+}
+
+// logSeqHistory is how many of a producer's last appends to a stream the
+// log remembers the offsets of (storage: a producer's ring); a duplicate
+// of an older seq is answered with the stream's tail.
+const logSeqHistory = 64
+
+// duplicateOutcome answers mutate f, which the log took for a duplicate
+// (res): its seq is at or below the last one the log admitted from the
+// producer in topic. That is a retry only if the record at the offset the
+// log names carries f's key. When the seq is among the producer's last
+// logSeqHistory appends there, the log names the seq's own record (or,
+// for a seq that went to another topic, the tail): a record of another
+// key means the seq was answered for another mutate, and f, a client out
+// of step (its seq lost across a restart of this node or its record
+// forgotten), gets X_SEQ_REUSED as the outcome window would have given
+// it, rather than an ack for a message the log does not hold. An older
+// seq is answered with the offset, as the log does (docs/protocol.md
+// §6.4), and so is one whose record cannot be read.
+func (s *session) duplicateOutcome(f *frames.Mutate, topic string, res storage.AppendResult) outcome {
+	ok := outcome{key: f.Key, lsn: res.Offset}
+	pos, err := storage.ParseOffset(res.Offset)
+	if err != nil || pos == 0 || res.Epoch != s.epoch || res.Seq-f.Seq >= logSeqHistory {
+		return ok
+	}
+	rr, err := s.srv.cfg.Log.Read(s.ctx, topic, storage.FormatOffset(pos-1), 1)
+	if err != nil || len(rr.Records) == 0 || rr.Records[0].Offset != res.Offset {
+		return ok
+	}
+	var key string
+	var haveKey bool
+	frames.Fields(rr.Records[0].Data, func(k []byte, v json.RawMessage) bool {
+		if string(k) == "key" {
+			key, haveKey = frames.Unquote(v)
+		}
+		return true
+	})
+	if haveKey && key == f.Key {
+		return ok
+	}
+	return outcome{key: f.Key, err: frames.NewError(frames.CodeSeqReused, f.Key,
+		fmt.Sprintf("mutate.seq %d was already answered for another mutate (topic %s's log holds it); this mutate was not applied", f.Seq, quote(topic)),
+		"send it under the next seq; a client that keeps its clientId across restarts keeps its seq too (hello.seq), or raises its epoch")}
 }
 
 // appendRecord appends the stored form of a WebSocket publish.
