@@ -109,6 +109,7 @@ const (
 
 	fixUTF8      = "Send frames as UTF-8 text in WebSocket text messages."
 	fixOneObject = "Send one JSON object per line; separate frames with '\\n'."
+	fixDepth     = "Nest arrays and objects at most 10000 deep, the frame's own object included."
 	fixVersion   = "Send \"v\": 1 in every frame; this server speaks protocol version 1."
 )
 
@@ -141,6 +142,9 @@ func decode(line []byte) (Frame, *Error) {
 	v := validator{b: line, collect: true}
 	if !v.run() {
 		se := v.err()
+		if se.deep {
+			return nil, &Error{Code: CodeBadFrame, Cause: "frame: " + se.String(), Fix: fixDepth}
+		}
 		return nil, &Error{Code: CodeBadFrame, Cause: "frame: not JSON: " + se.String(), Fix: fixOneObject}
 	}
 	if line[start] != '{' {
@@ -873,13 +877,17 @@ const maxDepth = 10000
 
 // syntaxError describes where a text stopped being JSON.
 type syntaxError struct {
-	off int  // byte offset of the offending byte, or len(text) at the end
-	eof bool // the text ended early
-	r   rune // the offending character (when !eof)
+	off  int  // byte offset of the offending byte, or len(text) at the end
+	eof  bool // the text ended early
+	deep bool // the '[' or '{' at off opens one level more than maxDepth
+	r    rune // the offending character (when !eof)
 }
 
 func (e *syntaxError) String() string {
-	if e.eof {
+	switch {
+	case e.deep:
+		return fmt.Sprintf("nested more than %d deep at byte %d", maxDepth, e.off)
+	case e.eof:
 		return fmt.Sprintf("unexpected end at byte %d", e.off)
 	}
 	return fmt.Sprintf("unexpected %q at byte %d", e.r, e.off)
@@ -891,6 +899,7 @@ type validator struct {
 	i     int
 	depth int
 	ws    bool // whitespace was skipped somewhere
+	deep  bool // stopped at a '[' or '{' nested more than maxDepth
 
 	// collect makes object record where the members of the outermost
 	// object are: the first len(top) in top, all of them counted in ntop.
@@ -936,7 +945,7 @@ func (v *validator) err() syntaxError {
 		return syntaxError{off: len(v.b), eof: true}
 	}
 	r, _ := utf8.DecodeRune(v.b[v.i:])
-	return syntaxError{off: v.i, r: r}
+	return syntaxError{off: v.i, r: r, deep: v.deep}
 }
 
 // value validates the value at v.i, leaving v.i just past it, or at the
@@ -966,6 +975,7 @@ func (v *validator) value() bool {
 
 func (v *validator) object() bool {
 	if v.depth++; v.depth > maxDepth {
+		v.deep = true
 		return false
 	}
 	v.i++
@@ -1017,6 +1027,7 @@ func (v *validator) object() bool {
 
 func (v *validator) array() bool {
 	if v.depth++; v.depth > maxDepth {
+		v.deep = true
 		return false
 	}
 	v.i++

@@ -351,3 +351,24 @@ func TestSplit_Batch(t *testing.T) {
 		assertEqual(t, l.name, got[i], l.line)
 	}
 }
+
+// TestDecode_TooDeepCause: a frame nested over the limit is valid JSON
+// syntax up to the byte where it goes too deep; its cause says so rather
+// than call a '[' unexpected.
+func TestDecode_TooDeepCause(t *testing.T) {
+	t.Parallel()
+	for _, open := range []string{"[", `{"a":`} {
+		line := `{"type":"mutate","v":1,"key":"k","seq":0,"name":"n","input":` + strings.Repeat(open, maxDepth) + `}`
+		_, err := Decode([]byte(line))
+		fe := asError(t, err)
+		if fe.Code != CodeBadFrame || !strings.HasPrefix(fe.Cause, "frame: ") ||
+			!strings.Contains(fe.Cause, "nested more than 10000 deep") {
+			t.Errorf("%s...: %s %q", open, fe.Code, fe.Cause)
+		}
+	}
+	// The encoders refuse a raw value nested too deep with the same words.
+	_, err := Encode(&Mutate{Key: "k", Name: "n", Input: json.RawMessage(strings.Repeat("[", maxDepth+1) + strings.Repeat("]", maxDepth+1))})
+	if err == nil || !strings.Contains(err.Error(), "nested more than 10000 deep") {
+		t.Errorf("Encode of a too deep input: %v", err)
+	}
+}

@@ -306,6 +306,9 @@ func appendRaw(dst, raw []byte) ([]byte, error) {
 	v := validator{b: raw}
 	if !v.run() {
 		se := v.err()
+		if se.deep {
+			return dst, errors.New(se.String())
+		}
 		return dst, errors.New("not JSON: " + se.String())
 	}
 	if v.ws {
