@@ -12,7 +12,8 @@ import (
 // ErrUnencodable is returned (wrapped, with the reason) by the encoders
 // for a frame that cannot be put on the wire: a nil frame, a Frame type
 // not defined in this package, or a json.RawMessage field that is not one
-// valid JSON value in UTF-8.
+// valid JSON value in UTF-8 or that would nest the frame deeper than
+// 10,000 arrays and objects (which Decode refuses).
 var ErrUnencodable = errors.New("frames: frame cannot be encoded")
 
 // Encode returns the wire form of f: compact JSON with "type" and then
@@ -25,8 +26,9 @@ var ErrUnencodable = errors.New("frames: frame cannot be encoded")
 //
 // Encode does not check that f would pass [Decode]'s rules (a non-empty
 // sid, a known enum value, ...); building valid frames is the caller's
-// job. Every frame returned by Decode encodes, and decodes back to an
-// equal frame.
+// job. It does check what makes a frame unreadable JSON: raw fields that
+// are not JSON or nest the frame over 10,000 deep. Every frame returned
+// by Decode encodes, and decodes back to an equal frame.
 func Encode(f Frame) ([]byte, error) {
 	return AppendEncode(nil, f)
 }
@@ -105,7 +107,7 @@ func AppendPatchBody(dst []byte, patches []PatchOp, lsn string) ([]byte, error) 
 			dst = append(dst, "null"...)
 		} else {
 			var err error
-			if dst, err = appendRaw(dst, op.Row); err != nil {
+			if dst, err = appendRaw(dst, op.Row, depthPatchRow); err != nil {
 				return dst[:n], fmt.Errorf("%w: patch.patches[%d].row: %w", ErrUnencodable, i, err)
 			}
 		}
@@ -127,9 +129,14 @@ func AppendPatchBody(dst []byte, patches []PatchOp, lsn string) ([]byte, error) 
 // AppendPatchBody(dst, []PatchOp{{Op: PatchInsert, ID: lsn, Row: row,
 // LSN: lsn}}, lsn), where row is what appendRow appends. Unlike
 // AppendPatchBody it does not check the row, so appendRow must append one
-// valid, compact JSON object built from parts the caller has already
-// validated (a decoded frame's RawMessage fields are). It is the broadcast
-// hot path: once per publish, without a validating pass or a copy.
+// valid, compact JSON object in UTF-8 built from parts the caller has
+// already validated (a decoded frame's RawMessage fields are), nesting at
+// most 9,997 deep (the frame's 10,000 less the three levels around the
+// row). A value taken from a decoded frame may nest deeper than that in
+// a row: a mutate's input.data sits two levels deeper in a topic row
+// ({"patches":[{"row":{"data":) than in the mutate ({"input":{"data":).
+// It is the broadcast hot path: once per publish, without a validating
+// pass or a copy.
 func AppendInsertBody(dst []byte, lsn string, appendRow func(dst []byte) []byte) []byte {
 	dst = append(dst, `,"patches":[{"op":"insert","id":`...)
 	dst = appendString(dst, lsn)
@@ -169,7 +176,7 @@ func appendPresence(dst []byte, p *Presence) ([]byte, error) {
 			dst = append(dst, "null"...) // as encoding/json writes a nil RawMessage
 		} else {
 			var err error
-			if dst, err = appendRaw(dst, m.Meta); err != nil {
+			if dst, err = appendRaw(dst, m.Meta, depthMemberMeta); err != nil {
 				return dst[:start], fmt.Errorf("%w: presence: members[%d].meta: %w", ErrUnencodable, i, err)
 			}
 		}
@@ -223,7 +230,7 @@ func appendMutate(dst []byte, m *Mutate) ([]byte, error) {
 	out = append(out, `,"name":`...)
 	out = appendString(out, m.Name)
 	out = append(out, `,"input":`...)
-	out, err := appendRawOrNull(out, m.Input)
+	out, err := appendRawOrNull(out, m.Input, depthMutateInput)
 	if err != nil {
 		return dst, fmt.Errorf("%w: mutate: input: %w", ErrUnencodable, err)
 	}
@@ -239,7 +246,7 @@ func AppendPublishInput(dst []byte, topic string, data json.RawMessage) ([]byte,
 	out := append(dst, `{"topic":`...)
 	out = appendString(out, topic)
 	out = append(out, `,"data":`...)
-	out, err := appendRawOrNull(out, data)
+	out, err := appendRawOrNull(out, data, depthPublishData)
 	if err != nil {
 		return dst, fmt.Errorf("%w: publish input: data: %w", ErrUnencodable, err)
 	}
@@ -287,23 +294,37 @@ func AppendPublishMutate(dst []byte, key string, seq int64, tail PublishTail) []
 
 // appendRawOrNull is appendRaw, with a nil raw written as null (as
 // encoding/json writes a nil RawMessage).
-func appendRawOrNull(dst, raw []byte) ([]byte, error) {
+func appendRawOrNull(dst, raw []byte, depth int) ([]byte, error) {
 	if raw == nil {
 		return append(dst, "null"...), nil
 	}
-	return appendRaw(dst, raw)
+	return appendRaw(dst, raw, depth)
 }
+
+// The arrays and objects around a raw field in its frame, the frame's own
+// object included. A raw value may nest maxDepth minus these, or the
+// frame would be deeper than Decode accepts.
+const (
+	depthMutateInput = 1 // {"input":
+	depthPublishData = 2 // {"input":{"data":
+	depthPatchRow    = 3 // {"patches":[{"row":
+	depthMemberMeta  = 3 // {"members":[{"meta":
+	depthSnapshotRow = 2 // {"rows":[
+	depthRebaseRow   = 1 // {"row":
+	depthTargetInput = 2 // {"target":{"input":
+)
 
 // errRawUTF8 is the reason for a raw field holding invalid UTF-8.
 var errRawUTF8 = errors.New("not valid UTF-8")
 
 // appendRaw appends the JSON text raw, compacted, after checking that it
-// is one valid JSON value in UTF-8.
-func appendRaw(dst, raw []byte) ([]byte, error) {
+// is one valid JSON value in UTF-8 that nests at most maxDepth-depth
+// deep (depth: the levels around it in the frame).
+func appendRaw(dst, raw []byte, depth int) ([]byte, error) {
 	if !utf8.Valid(raw) {
 		return dst, errRawUTF8
 	}
-	v := validator{b: raw}
+	v := validator{b: raw, depth: depth}
 	if !v.run() {
 		se := v.err()
 		if se.deep {
@@ -405,6 +426,9 @@ func appendReflect(dst []byte, f Frame) ([]byte, error) {
 		}
 	case *Subscribe:
 		if f != nil {
+			if err := checkRawDepth(f.Target.Input, depthTargetInput); err != nil {
+				return dst, fmt.Errorf("%w: subscribe: target.input: %w", ErrUnencodable, err)
+			}
 			s := *f
 			if c := s.Target.Cursor; c != nil && c.IDs == nil {
 				cc := *c
@@ -421,6 +445,11 @@ func appendReflect(dst []byte, f Frame) ([]byte, error) {
 		}
 	case *Snapshot:
 		if f != nil {
+			for i, r := range f.Rows {
+				if err := checkRawDepth(r, depthSnapshotRow); err != nil {
+					return dst, fmt.Errorf("%w: snapshot: rows[%d]: %w", ErrUnencodable, i, err)
+				}
+			}
 			s := *f
 			s.Rows = nonNil(s.Rows)
 			s.Cursor.IDs = nonNil(s.Cursor.IDs)
@@ -454,6 +483,9 @@ func appendReflect(dst []byte, f Frame) ([]byte, error) {
 		}
 	case *Rebase:
 		if f != nil {
+			if err := checkRawDepth(f.Row, depthRebaseRow); err != nil {
+				return dst, fmt.Errorf("%w: rebase: row: %w", ErrUnencodable, err)
+			}
 			v = struct {
 				header
 				*Rebase
@@ -499,6 +531,21 @@ func appendReflect(dst []byte, f Frame) ([]byte, error) {
 		return dst, fmt.Errorf("%w: %s: raw JSON field: %w", ErrUnencodable, f.FrameType(), errRawUTF8)
 	}
 	return out, nil
+}
+
+// checkRawDepth reports an error if raw, depth levels deep in its frame,
+// nests the frame deeper than maxDepth. It leaves other faults of raw to
+// encoding/json, and looks only at a raw long enough to nest that deep.
+func checkRawDepth(raw []byte, depth int) error {
+	if len(raw) < 2*(maxDepth-depth+1) { // each level takes two brackets
+		return nil
+	}
+	v := validator{b: raw, depth: depth}
+	if v.run() || !v.deep {
+		return nil
+	}
+	se := v.err()
+	return errors.New(se.String())
 }
 
 // nonNil returns s, or an empty slice if s is nil, so it encodes as [].

@@ -356,3 +356,59 @@ func TestAppendPublishInput(t *testing.T) {
 		assertEqual(t, "dst", string(got), "keep")
 	}
 }
+
+// TestEncode_DepthLimit: Encode refuses a frame that a raw field would
+// nest deeper than Decode accepts (docs/protocol.md §2), and writes one
+// that is just deep enough, which Decode takes back. The limit counts the
+// frame's own object and the arrays and objects around the field.
+func TestEncode_DepthLimit(t *testing.T) {
+	t.Parallel()
+	nest := func(n int) json.RawMessage { // n levels, innermost a row
+		return json.RawMessage(strings.Repeat(`[`, n-1) + `{"id":"1"}` + strings.Repeat(`]`, n-1))
+	}
+	row := func(n int) json.RawMessage { // a row whose data nests n-1 levels
+		return json.RawMessage(`{"id":"1","d":` + string(nest(n-1)) + `}`)
+	}
+	tests := []struct {
+		name  string
+		frame func(n int) Frame // n: the field's own nesting
+		base  int               // levels around the field
+	}{
+		{"mutate input", func(n int) Frame { return &Mutate{Key: "k", Name: "n", Input: nest(n)} }, 1},
+		{"patch row", func(n int) Frame {
+			return &Patch{SID: "s", Patches: []PatchOp{{Op: PatchInsert, ID: "1", Row: row(n), LSN: ZeroOffset}}, LSN: ZeroOffset}
+		}, 3},
+		{"presence meta", func(n int) Frame {
+			return &Presence{Topic: "t", Op: PresenceSync, Members: []Member{{ID: "m", Meta: nest(n)}}}
+		}, 3},
+		{"snapshot row", func(n int) Frame {
+			return &Snapshot{SID: "s", Rows: []json.RawMessage{row(n)}, Cursor: Cursor{QID: "q"}}
+		}, 2},
+		{"rebase row", func(n int) Frame {
+			return &Rebase{Key: "k", Strategy: StrategyCustom, Row: row(n)}
+		}, 1},
+		{"subscribe query input", func(n int) Frame {
+			return &Subscribe{Op: OpAdd, SID: "s", Target: Target{Kind: TargetQuery, QID: "q", Input: nest(n)}}
+		}, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			n := maxDepth - tt.base
+			b, err := Encode(tt.frame(n))
+			if err != nil {
+				t.Fatalf("%d levels around %d: %v", tt.base, n, err)
+			}
+			if _, err := Decode(b); err != nil {
+				t.Fatalf("Decode of a frame %d deep: %v", maxDepth, err)
+			}
+			if b, err := Encode(tt.frame(n + 1)); !errors.Is(err, ErrUnencodable) {
+				_, derr := Decode(b)
+				t.Fatalf("a frame %d deep: Encode err = %v; Decode: %v", maxDepth+1, err, derr)
+			}
+		})
+	}
+	if _, err := AppendPublishInput(nil, "t", nest(maxDepth-2+1)); !errors.Is(err, ErrUnencodable) {
+		t.Errorf("AppendPublishInput of data %d deep: %v", maxDepth-1, err)
+	}
+}
