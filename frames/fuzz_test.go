@@ -161,6 +161,15 @@ func FuzzJSON(f *testing.F) {
 		if got := appendCompact(nil, b); !bytes.Equal(got, std.Bytes()) {
 			t.Fatalf("appendCompact = %q, json.Compact = %q", got, std.Bytes())
 		}
+		// Depth is how far the validator's depth may start below maxDepth.
+		if d := Depth(b); d > 0 {
+			if fit := (validator{b: b, depth: maxDepth - d}); !fit.run() {
+				t.Fatalf("Depth(%q) = %d, but it does not fit in %d levels", b, d, d)
+			}
+			if over := (validator{b: b, depth: maxDepth - d + 1}); over.run() || !over.deep {
+				t.Fatalf("Depth(%q) = %d, but it fits in %d levels", b, d, d-1)
+			}
+		}
 		v := bytes.TrimSpace(b)
 		if got := needsCompact(v); !got && !bytes.Equal(v, std.Bytes()) {
 			t.Fatalf("needsCompact(%q) = false, but compacting changes it", v)

@@ -46,3 +46,32 @@ func Unquote(tok json.RawMessage) (s string, ok bool) {
 	}
 	return unquote(tok), true
 }
+
+// MaxDepth is how deep a frame's arrays and objects may nest, the frame's
+// own object included (docs/protocol.md §2): [Decode] refuses a deeper
+// frame and [Encode] will not write one.
+const MaxDepth = maxDepth
+
+// Depth returns how deep the JSON value v nests: 0 for a scalar, 1 for
+// [], {} or [1,2], 2 for [[1]] or {"a":{}}, and so on. v must be valid
+// JSON (a decoded frame's RawMessage fields are). It lets a server check
+// that a value it moves into a frame of its own still fits within
+// [MaxDepth]: a topic row's data sits 4 levels deep in its patch
+// ({"patches":[{"row":{"data":), two more than a publish's input.data in
+// its mutate, so data nested more than MaxDepth-4 deep cannot be sent.
+func Depth(v json.RawMessage) int {
+	depth, deepest := 0, 0
+	for i := 0; i < len(v); i++ {
+		switch v[i] {
+		case '"':
+			i = skipString(v, i) - 1
+		case '[', '{':
+			if depth++; depth > deepest {
+				deepest = depth
+			}
+		case ']', '}':
+			depth--
+		}
+	}
+	return deepest
+}

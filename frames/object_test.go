@@ -2,6 +2,7 @@ package frames
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 )
 
@@ -91,5 +92,31 @@ func TestUnquote_Malformed(t *testing.T) {
 		if ok {
 			t.Errorf("Unquote(%q) = %q, true; want false", tok, s)
 		}
+	}
+}
+
+func TestDepth(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]int{
+		`1`: 0, `"[{"`: 0, `null`: 0, `[]`: 1, `{}`: 1, `[1,2]`: 1, `[[1]]`: 2, `{"a":{}}`: 2,
+		`{"a":"]}]","b":[[{"c":[]}]]}`: 5, `[[],[],[[]]]`: 3, `"\"[["`: 0, ` [ { } ] `: 2,
+	} {
+		if got := Depth(json.RawMessage(in)); got != want {
+			t.Errorf("Depth(%s) = %d, want %d", in, got, want)
+		}
+	}
+	// A topic row's data that fits its patch: the 4 levels around it
+	// plus its own make MaxDepth.
+	data := strings.Repeat("[", MaxDepth-4) + strings.Repeat("]", MaxDepth-4)
+	if Depth(json.RawMessage(data)) != MaxDepth-4 {
+		t.Fatal("deep data")
+	}
+	b, err := Encode(&Patch{SID: "s", Patches: []PatchOp{{Op: PatchInsert, ID: ZeroOffset,
+		Row: json.RawMessage(`{"id":"x","data":` + data + `}`), LSN: ZeroOffset}}, LSN: ZeroOffset})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Decode(b); err != nil {
+		t.Fatal(err)
 	}
 }
