@@ -8,11 +8,11 @@ type Code string
 
 // Decoding errors: the frame itself is malformed.
 const (
-	CodeBadFrame        Code = "X_BAD_FRAME"        // not JSON, not an object, empty
+	CodeBadFrame        Code = "X_BAD_FRAME"        // not UTF-8, not JSON (nested over 10,000 deep included), not an object, empty
 	CodeProtocolVersion Code = "X_PROTOCOL_VERSION" // "v" missing or not 1
 	CodeUnknownType     Code = "X_UNKNOWN_TYPE"     // "type" missing or not one of the ten
 	CodeMissingField    Code = "X_MISSING_FIELD"    // a required field is absent
-	CodeBadField        Code = "X_BAD_FIELD"        // a field has the wrong JSON type or an enum value outside its set
+	CodeBadField        Code = "X_BAD_FIELD"        // a field has the wrong JSON type, is empty where it must not be, or is outside its set, range or length limit
 )
 
 // Session errors: the frame is well formed but cannot be carried out.

@@ -33,7 +33,7 @@ type Type string
 // The ten frame kinds. Direction is noted per kind; a frame sent the wrong
 // way is answered with [CodeUnexpectedFrame].
 const (
-	TypeHello           Type = "hello"            // both: {buildId, sessionId|null, actorId|null, resume, token?, clientId?, epoch?}
+	TypeHello           Type = "hello"            // both: {buildId, sessionId|null, actorId|null, resume, token?, clientId?, epoch?, seq?, maxMessage?, frameRate?, frameBurst?}
 	TypeSubscribe       Type = "subscribe"        // client: {op, sid, target}
 	TypeSnapshot        Type = "snapshot"         // server: {sid, rows, cursor}
 	TypePatch           Type = "patch"            // server: {sid, patches, lsn}
