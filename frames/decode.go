@@ -133,7 +133,7 @@ func joinTypes() string {
 
 func decode(line []byte) (Frame, *Error) {
 	if !utf8.Valid(line) {
-		return nil, &Error{Code: CodeBadFrame, Cause: "frame: not valid UTF-8", Fix: fixUTF8}
+		return nil, &Error{Code: CodeBadFrame, Cause: "frame: not valid UTF-8 at byte " + strconv.Itoa(firstInvalidUTF8(line)), Fix: fixUTF8}
 	}
 	start := skipWS(line, 0)
 	if start == len(line) {
@@ -196,6 +196,19 @@ func decode(line []byte) (Frame, *Error) {
 		return nil, d.err
 	}
 	return f, nil
+}
+
+// firstInvalidUTF8 returns the offset of the first byte of b that does
+// not start a valid UTF-8 encoding, or len(b).
+func firstInvalidUTF8(b []byte) int {
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && n == 1 {
+			return i
+		}
+		i += n
+	}
+	return len(b)
 }
 
 // frameType returns the frame type named by the "type" value v, if v is a

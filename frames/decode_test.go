@@ -372,3 +372,12 @@ func TestDecode_TooDeepCause(t *testing.T) {
 		t.Errorf("Encode of a too deep input: %v", err)
 	}
 }
+
+// TestDecode_UTF8Cause: the cause of a frame that is not UTF-8 says where.
+func TestDecode_UTF8Cause(t *testing.T) {
+	t.Parallel()
+	fe := asError(t, func() error { _, err := Decode([]byte("{\"type\":\"ack\",\"v\":1,\"ref\":\"é\xff\"}")); return err }())
+	if fe.Code != CodeBadFrame || fe.Cause != "frame: not valid UTF-8 at byte 29" {
+		t.Errorf("%s %q", fe.Code, fe.Cause)
+	}
+}
