@@ -3,6 +3,7 @@ package frames
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"math/big"
 	"reflect"
 	"strings"
@@ -264,6 +265,48 @@ func FuzzPublishInput(f *testing.F) {
 		two, err := AppendEncode([]byte("x"), &Mutate{Key: "k:1", Seq: 7, Name: "publish", Input: got})
 		if err != nil || !bytes.Equal(one, two) {
 			t.Fatalf("AppendPublishMutate = %s, AppendEncode of the input %s (%v)", one, two, err)
+		}
+	})
+}
+
+// FuzzEncode builds frames of every kind from arbitrary strings and raw
+// JSON and checks what Encode promises for any input: an error wrapping
+// ErrUnencodable, or one line of valid UTF-8 JSON (no raw '\n', the
+// batch separator) that Decode reads as JSON of the right type, whatever
+// it then says of the fields.
+func FuzzEncode(f *testing.F) {
+	f.Add("s1", "insert", []byte(`{"id":"1"}`), []byte(`{"a" : "\u2028"}`))
+	f.Add("s\n1", "x\u2028", []byte("{\"id\":\"1\",\n\"b\":[1,\r\n2]}"), []byte("\"\xff\""))
+	f.Add("\xff", "\r\n", []byte("\t[\n]\n"), []byte(`{"id":"\ud800"}`))
+	f.Fuzz(func(t *testing.T, s, str string, row, meta []byte) {
+		for _, fr := range []Frame{
+			&Patch{SID: s, Patches: []PatchOp{{Op: str, ID: s, Row: row, LSN: str}}, LSN: str},
+			&Snapshot{SID: s, Rows: []json.RawMessage{row}, Cursor: Cursor{QID: str, IDs: []string{s}}},
+			&Presence{Topic: s, Op: str, Members: []Member{{ID: str, ActorID: &s, Meta: meta}}},
+			&Rebase{Key: s, Entity: str, Row: row},
+			&Mutate{Key: s, Name: str, Input: meta},
+			&Ack{Ref: s, LSN: &str, Error: &ErrorBody{Code: Code(str), Cause: s, Fix: str, Docs: str}},
+			&Subscribe{Op: str, SID: s, Target: Target{Kind: TargetQuery, QID: str, Input: meta}},
+			&Hello{BuildID: s, SessionID: &str, Token: str, ClientID: s},
+			&Reconnect{Reason: str},
+			&UpdateAvailable{BuildID: str},
+		} {
+			b, err := Encode(fr)
+			if err != nil {
+				if !errors.Is(err, ErrUnencodable) {
+					t.Fatalf("Encode(%T): %v", fr, err)
+				}
+				continue
+			}
+			checkWire(t, b, fr.FrameType())
+			if !json.Valid(b) {
+				t.Fatalf("Encode wrote invalid JSON: %q", b)
+			}
+			if _, err := Decode(b); err != nil {
+				if fe := asError(t, err); fe.Code == CodeBadFrame || fe.Code == CodeProtocolVersion || fe.Code == CodeUnknownType {
+					t.Fatalf("Encode wrote %q, which Decode refuses: %v", b, err)
+				}
+			}
 		}
 	})
 }
