@@ -338,6 +338,12 @@ func (s *session) mutate(ctx context.Context, f *frames.Mutate) (outcome, <-chan
 		o.err = frames.NewError(frames.CodeBadTopic, f.Key, "mutate.input.topic: "+err.Error(), topicFix)
 		return o, nil
 	}
+	if !fitsRow(data) {
+		o.err = frames.NewError(frames.CodeBadInput, f.Key,
+			fmt.Sprintf("mutate.input.data nests more than %d deep: a topic row's patch would nest over the frame limit (%d), and no subscriber could read it", maxRowDepth, frames.MaxDepth),
+			"send flatter data")
+		return o, nil
+	}
 	if o.err = s.forbidden(auth.Publish, f.Key, topic); o.err != nil {
 		return o, nil // before any effect: no delivery, no log append
 	}

@@ -255,7 +255,20 @@ func publishRecord(rec []byte) (data json.RawMessage, actorID *string, at *int64
 }
 
 // validRecord reports whether rec is JSON that recordRow can embed.
-func validRecord(rec []byte) bool { return json.Valid(rec) }
+func validRecord(rec []byte) bool { return json.Valid(rec) && fitsRow(rec) }
+
+// maxRowDepth is how deep data a topic row carries may nest: the row's
+// data sits 4 levels deep in its patch ({"patches":[{"row":{"data":), and
+// a patch nested over frames.MaxDepth is one no client can decode.
+const maxRowDepth = frames.MaxDepth - 4
+
+// fitsRow reports whether data (a publish's data, or a log record) nests
+// at most maxRowDepth deep. A value that deep takes two bytes a level, so
+// only one over 2·maxRowDepth bytes is scanned: nothing per publish of
+// the usual size.
+func fitsRow(data []byte) bool {
+	return len(data) <= 2*maxRowDepth || frames.Depth(data) <= maxRowDepth
+}
 
 // maxRow is the largest record a persisted topic's subscribers are sent:
 // a quarter of a session's send queue (Config.SendQueueBytes). Each

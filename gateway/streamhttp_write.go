@@ -22,6 +22,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/syncgate/syncgate/auth"
+	"github.com/syncgate/syncgate/frames"
 	"github.com/syncgate/syncgate/storage"
 )
 
@@ -383,6 +384,10 @@ func (s *Server) checkPersistedSizes(name, ct string, records [][]byte) *request
 			return &requestError{http.StatusRequestEntityTooLarge, fmt.Sprintf(
 				"message %d is %d bytes: %q is a persisted topic (-persist), whose WebSocket subscribers take a message of at most %d bytes (a quarter of -send-queue-bytes); split it, or raise -send-queue-bytes",
 				i, len(rec), name, limit)}
+		}
+		if !fitsRow(rec) {
+			return badRequest("message %d nests more than %d deep: %q is a persisted topic (-persist), whose WebSocket subscribers could not read it in a patch (frames nest at most %d deep); send flatter data",
+				i, maxRowDepth, name, frames.MaxDepth)
 		}
 	}
 	return nil
