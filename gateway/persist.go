@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/syncgate/syncgate/auth"
 	"github.com/syncgate/syncgate/frames"
@@ -255,7 +257,15 @@ func publishRecord(rec []byte) (data json.RawMessage, actorID *string, at *int64
 }
 
 // validRecord reports whether rec is JSON that recordRow can embed.
-func validRecord(rec []byte) bool { return json.Valid(rec) && fitsRow(rec) }
+//
+// The record must also be one a frame can carry as it is: UTF-8 (which
+// json.Valid does not check, and a browser fails the connection on) and
+// without a raw newline between its tokens (which would split the batch
+// its patch goes out in). The HTTP API stores messages compact and
+// checked; a record from elsewhere (a damaged or foreign file) may not be.
+func validRecord(rec []byte) bool {
+	return json.Valid(rec) && bytes.IndexByte(rec, '\n') < 0 && utf8.Valid(rec) && fitsRow(rec)
+}
 
 // maxRowDepth is how deep data a topic row carries may nest: the row's
 // data sits 4 levels deep in its patch ({"patches":[{"row":{"data":), and
@@ -674,7 +684,7 @@ func (srv *Server) tail(ctx context.Context, t *tailer, after string) {
 			} else if !validRecord(r.Data) {
 				if warnedRecord != cur {
 					warnedRecord = cur
-					log.Warn("persisted topic: record is not JSON; skipped (and any other such record of this stream, without a warning)", "offset", r.Offset)
+					log.Warn("persisted topic: record is not JSON a frame can carry (compact, UTF-8); skipped (and any other such record of this stream, without a warning)", "offset", r.Offset)
 				}
 			} else {
 				// Each body is handed to the transport, which keeps it

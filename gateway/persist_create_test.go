@@ -867,3 +867,26 @@ func tempLog(t *testing.T) *storage.DB {
 	t.Cleanup(func() { _ = db.Close() })
 	return db
 }
+
+// A record that is valid JSON but not what a frame may carry (a raw
+// newline between its tokens, which would split the batch its patch goes
+// out in, or bytes that are not UTF-8, which browsers fail the connection
+// on), reaching the log other than over HTTP (which compacts and checks
+// messages), is skipped as one that is not JSON.
+func TestPersisted_RecordAFrameCannotCarryIsSkipped(t *testing.T) {
+	t.Parallel()
+	n := startPersistNodeWith(t, t.TempDir(), nil)
+	const topic = "chat:raw"
+	live := gwtest.Dial(t, n.url, nil)
+	live.Hello("", 0)
+	live.Subscribe("l", topic)
+	recs := [][]byte{[]byte("{\"a\":\n1}"), []byte("\"\xff\""), []byte(`{"after":1}`)}
+	o := storage.CreateOptions{ContentType: "application/json", Records: recs}
+	if _, _, err := n.db.Create(context.Background(), topic, o); err != nil {
+		t.Fatal(err)
+	}
+	expectMade(t, live, "l")
+	if op := collect(t, live, "l", 1)[0]; op.LSN != storage.FormatOffset(3) || rowData(t, op) != `{"after":1}` {
+		t.Fatalf("live subscriber got %s at %s, want the record after the two it cannot be sent", rowData(t, op), op.LSN)
+	}
+}
