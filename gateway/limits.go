@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"errors"
 	"net"
 	"net/netip"
 	"strconv"
@@ -87,9 +88,15 @@ func (s *session) rateLimited(line []byte, now time.Time) time.Duration {
 	s.dropped = true
 	s.limitedDrops++
 	if s.limitedLast-s.limitedSent >= int64(rateLimitAnswerEvery) {
+		// The frame's own ref, which a client matches answers by: also
+		// that of a malformed frame when it could be read, as its
+		// X_BAD_* answer would carry.
 		ref := ""
+		var ferr *frames.Error
 		if f, err := frames.Decode(line); err == nil {
 			ref = refOf(f)
+		} else if errors.As(err, &ferr) {
+			ref = ferr.Ref
 		}
 		cause := "over this session's limit of " + formatRate(s.srv.cfg.FrameRate) + " frames per second; this frame was dropped"
 		if s.limitedDrops > 1 {

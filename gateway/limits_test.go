@@ -430,6 +430,21 @@ func TestLimits_RateLimitedOncePerInstant(t *testing.T) {
 	}
 }
 
+// A frame dropped over the rate that is malformed too is answered with
+// its own ref when that could be read, as its X_BAD_* answer would be (a
+// client matches answers to frames by ref): it was "".
+func TestLimits_RateLimitedMalformedKeepsItsRef(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{t: time.Unix(1_700_000_000, 0)}
+	srv := newTestServer(t, gateway.Config{Now: clock.Now, FrameRate: 1, FrameBurst: 1, RateLimitClose: -1})
+	c := gwtest.Dial(t, srv.url, nil)
+	c.Hello("", 0) // takes the only token
+	c.SendRaw(`{"type":"subscribe","v":1,"op":"bogus","sid":"s9","target":{"kind":"topic","topic":"t","cursor":null}}`)
+	if ack := gwtest.Expect[*frames.Ack](c); ack.Error == nil || ack.Error.Code != frames.CodeRateLimited || ack.Ref != "s9" {
+		t.Fatalf("answer %+v (%+v), want X_RATE_LIMITED with ref s9", ack, ack.Error)
+	}
+}
+
 // A frame rate the hello cannot carry is refused at New: +Inf is not JSON,
 // so no session's hello could be answered (-Inf is off, as any negative
 // rate). A huge finite one gets a burst within int's range, announced in
