@@ -39,10 +39,7 @@ func TestReconnect_TakeOver_PublishFromHandler(t *testing.T) {
 
 	// m0 is in flight on the old connection when the take-over starts.
 	noErr(t, c.PublishAsync(ctx, "p:t", json.RawMessage(`1`), func(_ string, err error) { acked <- err }))
-	m0 := expect[*frames.Mutate](t, sc1)
-	sc1.send(t, &frames.Reconnect{AfterMs: 0, Reason: frames.ReasonDrain})
-	sc2 := s.next(t)
-	waitEvents(t, rec, client.EventConnected, 1) // the take-over begins: it waits for m0's ack
+	m0, sc2 := startTakeOver(t, rec, s, sc1)
 
 	// The patch runs the handler; m0's ack is read after it returns.
 	sc1.send(t, insert(sid, 1, "x"), &frames.Ack{Ref: m0.Key})
@@ -111,10 +108,7 @@ func TestReconnect_TakeOver_FailsWhileWaiting(t *testing.T) {
 	acked := make(chan error, 3)
 	done := func(_ string, err error) { acked <- err }
 	noErr(t, c.PublishAsync(ctx, "p:t", json.RawMessage(`0`), done))
-	m0 := expect[*frames.Mutate](t, sc1)
-	sc1.send(t, &frames.Reconnect{AfterMs: 0, Reason: frames.ReasonDrain})
-	sc2 := s.next(t)
-	waitEvents(t, rec, client.EventConnected, 1) // the take-over waits for m0's ack
+	m0, sc2 := startTakeOver(t, rec, s, sc1)
 
 	bound := client.TakeOverWaitForTest / 2
 	pctx, cancel := context.WithTimeout(ctx, bound) // bounds only the wait to send
@@ -147,10 +141,7 @@ func TestReconnect_TakeOver_HeldMutatesWaitForRoom(t *testing.T) {
 	acked := make(chan error, 16)
 	done := func(_ string, err error) { acked <- err }
 	noErr(t, c.PublishAsync(ctx, "p:t", json.RawMessage(`0`), done))
-	m0 := expect[*frames.Mutate](t, sc1)
-	sc1.send(t, &frames.Reconnect{AfterMs: 0, Reason: frames.ReasonDrain})
-	sc2 := s.next(t)
-	waitEvents(t, rec, client.EventConnected, 1) // the take-over waits for m0's ack
+	m0, sc2 := startTakeOver(t, rec, s, sc1)
 
 	// 16 KiB each: the fifth is over the 64 KiB bound.
 	data := json.RawMessage(`"` + strings.Repeat("x", 16<<10) + `"`)
@@ -213,10 +204,7 @@ func TestReconnect_TakeOver_DropQueuedOnOld(t *testing.T) {
 
 	acked := make(chan error, 1)
 	noErr(t, c.PublishAsync(ctx, "p:t", json.RawMessage(`0`), func(_ string, err error) { acked <- err }))
-	m0 := expect[*frames.Mutate](t, sc1)
-	sc1.send(t, &frames.Reconnect{AfterMs: 0, Reason: frames.ReasonDrain})
-	sc2 := s.next(t)
-	waitEvents(t, rec, client.EventConnected, 1) // the take-over waits for m0's ack
+	m0, sc2 := startTakeOver(t, rec, s, sc1)
 
 	dropped := make(chan error, 1)
 	go func() { dropped <- a.Drop(ctx) }()
@@ -401,4 +389,16 @@ func TestReconnect_TakeOver_SnapshotsTimeOut(t *testing.T) {
 	}
 	sc2.send(t, &frames.Ack{Ref: b.SID()}, topicSnapshot(b.SID(), 0, "log:a"), insert(b.SID(), 1, "b1"))
 	rec.waitData(t, 1)
+}
+
+// startTakeOver reads the mutate in flight on sc1, has the server drain
+// it, and returns that mutate and the new connection once the take-over
+// has begun: it then waits for the mutate's ack on sc1.
+func startTakeOver(t *testing.T, rec *recorder, s *scripted, sc1 *scriptConn) (*frames.Mutate, *scriptConn) {
+	t.Helper()
+	m0 := expect[*frames.Mutate](t, sc1)
+	sc1.send(t, &frames.Reconnect{AfterMs: 0, Reason: frames.ReasonDrain})
+	sc2 := s.next(t)
+	waitEvents(t, rec, client.EventConnected, 1)
+	return m0, sc2
 }

@@ -144,27 +144,13 @@ func TestPersisted_DropAndResumeChurn(t *testing.T) {
 				c.Send(&frames.Subscribe{Op: frames.OpDrop, SID: "a", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic}})
 				seen, dropAfter = 0, dropAfter%17+1
 				live = false // patches may still come before the ack: checked below
-				// Wait for the ack, taking patches before it.
-				for {
-					g := c.Next()
-					if a, ok := g.(*frames.Ack); ok && a.Ref == "a" {
-						if a.Error != nil {
-							t.Fatalf("drop: %+v", a.Error)
-						}
-						break
+				awaitDropAck(t, c, "a", func(op frames.PatchOp) {
+					if i := churnIndex(t, op); i != next {
+						t.Fatalf("record %d, want %d", i, next)
 					}
-					p, ok := g.(*frames.Patch)
-					if !ok {
-						t.Fatalf("before the drop's ack: %T %+v", g, g)
-					}
-					for _, op := range p.Patches {
-						if i := churnIndex(t, op); i != next {
-							t.Fatalf("record %d, want %d", i, next)
-						}
-						next++
-						lsn = op.LSN
-					}
-				}
+					next++
+					lsn = op.LSN
+				})
 				c.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "a", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic,
 					Cursor: &frames.Cursor{QID: "topic:" + topic, LSN: lsn, Digest: digest, IDs: []string{}, At: 1}}})
 			}
@@ -224,25 +210,12 @@ func TestGateway_DropAndReaddChurn(t *testing.T) {
 				seen, dropAfter = 0, dropAfter%7+1
 				rounds++
 				c.Send(&frames.Subscribe{Op: frames.OpDrop, SID: "a", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic}})
-				for {
-					g := c.Next()
-					if a, ok := g.(*frames.Ack); ok && a.Ref == "a" {
-						if a.Error != nil {
-							t.Fatalf("drop: %+v", a.Error)
-						}
-						break
+				awaitDropAck(t, c, "a", func(op frames.PatchOp) {
+					if op.LSN <= lsn {
+						t.Fatalf("lsn %s not after %s", op.LSN, lsn)
 					}
-					if p, ok := g.(*frames.Patch); ok {
-						for _, op := range p.Patches {
-							if op.LSN <= lsn {
-								t.Fatalf("lsn %s not after %s", op.LSN, lsn)
-							}
-							lsn = op.LSN
-						}
-						continue
-					}
-					t.Fatalf("before the drop's ack: %T %+v", g, g)
-				}
+					lsn = op.LSN
+				})
 				live = false
 				c.Send(&frames.Subscribe{Op: frames.OpAdd, SID: "a", Target: frames.Target{Kind: frames.TargetTopic, Topic: topic}})
 			}
@@ -262,6 +235,28 @@ func TestGateway_DropAndReaddChurn(t *testing.T) {
 		case err := <-errss[i]:
 			t.Fatal(err)
 		default:
+		}
+	}
+}
+
+// awaitDropAck reads c until the ack of sid's drop, handing each patch
+// op read before it (patches may precede the ack) to op.
+func awaitDropAck(t *testing.T, c *gwtest.Conn, sid string, op func(frames.PatchOp)) {
+	t.Helper()
+	for {
+		g := c.Next()
+		if a, ok := g.(*frames.Ack); ok && a.Ref == sid {
+			if a.Error != nil {
+				t.Fatalf("drop: %+v", a.Error)
+			}
+			return
+		}
+		p, ok := g.(*frames.Patch)
+		if !ok {
+			t.Fatalf("before the drop's ack: %T %+v", g, g)
+		}
+		for _, o := range p.Patches {
+			op(o)
 		}
 	}
 }
